@@ -7,7 +7,7 @@
 #   --check   CI mode: no GPU needed. Installs the pinned CUDA 13.0 wheels
 #             (scripts/install-cuda-wheels.sh) and uses their nvcc, headers and
 #             libraries; compiles and links everything; a compile error fails.
-#   --tests   also build OUTDIR/kernel_check (cuda/tests/kernel_check.cu).
+#   --tests   also build one test program per cuda/tests/*.cu (OUTDIR/kernel_check, ...).
 #   -o DIR    output directory (default: build/cuda).
 #   --arch    SM target (default 90a: H100/H200). 100a for B200.
 #
@@ -40,7 +40,11 @@ nvcc -O3 -std=c++17 -Xcompiler -fPIC -shared "$gencode" -Icuda/include \
   cuda/runtime/*.cu cuda/kernels/*.cu cuda/comm/*.cu \
   -lcublasLt -lcublas -lnccl -o "$out/libglmcuda.so"
 if [[ $tests == 1 ]]; then
-  nvcc -O3 -std=c++17 "$gencode" -Icuda/include -Icuda/kernels \
-    cuda/tests/kernel_check.cu cuda/kernels/*.cu \
-    -lcublasLt -lcublas -o "$out/kernel_check"
+  # Every cuda/tests/*.cu is one test program linked with the kernels.
+  for t in cuda/tests/*.cu; do
+    name="$(basename "$t" .cu)"
+    nvcc -O3 -std=c++17 "$gencode" -Icuda/include -Icuda/kernels \
+      "$t" cuda/kernels/*.cu \
+      -lcublasLt -lcublas -o "$out/$name"
+  done
 fi

@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/spf13/pflag"
 
 	"github.com/glmctl/glmctl/pkg/backend"
 	"github.com/glmctl/glmctl/pkg/engine"
+	"github.com/glmctl/glmctl/pkg/model"
+	"github.com/glmctl/glmctl/pkg/synth"
 )
 
 // addBackendFlags registers the flags shared by every command that runs the
@@ -22,12 +26,19 @@ func addBackendFlags(f *pflag.FlagSet) {
 	f.Int("device", 0, "cuda backend: first GPU ordinal")
 	f.Int("tp", 1, "cuda backend: tensor-parallel GPUs")
 	f.Int64("gpu-memory-budget", 0, "cuda backend: bytes per GPU for weights, KV and workspaces (0 = free memory minus 1 GiB)")
+	f.Bool("cuda-graphs", true, "cuda backend: capture decode steps as CUDA graphs per batch size and replay them (false: launch every kernel every step)")
 	f.Bool("cuda-exact", false, "cuda backend: validation precision (float32 activations, FP32 KV cache and lm_head; slow)")
 }
 
 // openBackend opens the compute backend chosen by the shared flags for the
 // model in dir.
 func (a *app) openBackend(ctx context.Context, dir string) (engine.Backend, error) {
+	return a.openBackendFor(ctx, dir, nil)
+}
+
+// openBackendFor opens the backend on the model in dir, or on the synthetic
+// model spec when it is set (dir is then ignored).
+func (a *app) openBackendFor(ctx context.Context, dir string, spec *synth.Spec) (engine.Backend, error) {
 	v := a.v
 	o := backend.Options{
 		KVBlockSize:    v.GetInt("kv-block-size"),
@@ -40,9 +51,14 @@ func (a *app) openBackend(ctx context.Context, dir string) (engine.Backend, erro
 		MemoryBudget:   v.GetInt64("gpu-memory-budget"),
 		MaxSeqs:        v.GetInt("max-seqs"),
 		CUDAExact:      v.GetBool("cuda-exact"),
+		CUDANoGraphs:   !v.GetBool("cuda-graphs"),
+		Synthetic:      spec,
 	}
 	if n := v.GetInt("max-batched-tokens"); n > 0 {
 		o.MaxTokensPerStep = n
+	}
+	if spec != nil {
+		dir = ""
 	}
 	name := v.GetString("backend")
 	be, err := backend.Open(ctx, name, dir, o)
@@ -51,3 +67,80 @@ func (a *app) openBackend(ctx context.Context, dir string) (engine.Backend, erro
 	}
 	return be, nil
 }
+
+// addSyntheticFlags registers the flags that run synthetic weights instead
+// of a model directory (generate, bench, serve; docs/synthetic.md).
+func addSyntheticFlags(f *pflag.FlagSet) {
+	f.String("synthetic", "", "run full-size synthetic weights of this model instead of --model: "+strings.Join(synth.Bases(), ", ")+" (docs/synthetic.md)")
+	f.String("rank", "", "with --synthetic: r/N, exactly rank r's share of a TP = EP = N deployment (e.g. 0/8); empty = the whole model")
+	f.Int("layers", 0, "with --synthetic: keep the first N decoder layers (0 = all)")
+	f.Int("dense-layers", -1, "with --synthetic: how many of them are dense-MLP layers (-1 = the model's, at most --layers)")
+	f.Uint64("synthetic-seed", synth.DefaultSeed, "with --synthetic: seed of the weights (each rank combines it with its index)")
+}
+
+// syntheticFlags are the flags that only mean something with --synthetic.
+var syntheticFlags = []string{"rank", "layers", "dense-layers", "synthetic-seed"}
+
+// syntheticSpec reads the synthetic-model flags: nil (and no error) without
+// --synthetic. --synthetic replaces --model, so setting both is an error, as
+// is a synthetic-only flag without --synthetic.
+func (a *app) syntheticSpec() (*synth.Spec, error) {
+	v := a.v
+	base := v.GetString("synthetic")
+	if base == "" {
+		for _, f := range syntheticFlags {
+			if v.IsSet(f) {
+				return nil, fmt.Errorf("--%s: only means something with --synthetic", f)
+			}
+		}
+		return nil, nil
+	}
+	if v.IsSet("model") {
+		return nil, fmt.Errorf("--synthetic %s and --model %s: choose one (--synthetic replaces the model directory)", base, v.GetString("model"))
+	}
+	spec := &synth.Spec{Base: base, Layers: v.GetInt("layers"), DenseLayers: v.GetInt("dense-layers"), Seed: v.GetUint64("synthetic-seed")}
+	if r := v.GetString("rank"); r != "" {
+		var err error
+		if spec.Rank, spec.Ranks, err = synth.ParseRank(r); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := spec.Config(); err != nil {
+		return nil, err
+	}
+	return spec, nil
+}
+
+// modelSource is what a command runs: a model directory, or synthetic
+// weights with their derived config.
+type modelSource struct {
+	dir   string
+	spec  *synth.Spec
+	cfg   *model.Config // set for synthetic models
+	label string        // the directory, or the spec in words
+}
+
+// modelFromFlags resolves --synthetic (with its flags) or --model.
+func (a *app) modelFromFlags() (modelSource, error) {
+	spec, err := a.syntheticSpec()
+	if err != nil {
+		return modelSource{}, err
+	}
+	if spec == nil {
+		dir := a.v.GetString("model")
+		return modelSource{dir: dir, label: dir}, nil
+	}
+	cfg, err := spec.Config()
+	if err != nil {
+		return modelSource{}, err
+	}
+	return modelSource{spec: spec, cfg: cfg, label: spec.String()}, nil
+}
+
+// open opens the backend on the source.
+func (a *app) open(ctx context.Context, m modelSource) (engine.Backend, error) {
+	return a.openBackendFor(ctx, m.dir, m.spec)
+}
+
+// errNoTokenizer is the error of text input for a model without tokenizer.
+var errNoTokenizer = errors.New("a synthetic model has no tokenizer: give --prompt-ids")

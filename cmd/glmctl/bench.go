@@ -31,7 +31,8 @@ one GPU of the TP/EP deployment (weights touched at the measured batch, expected
 under uniform routing, plus the KV cache at the mean context) divided by the memory bandwidth.
 "of floor" is floor TPOT / measured mean TPOT. --project-model adds the floor another model
 (e.g. testdata/glm-4.7-fp8, config only) would have at the same batch and context: a projection,
-not a measurement. See docs/bench.md.`,
+not a measurement. --synthetic glm-4.7 --rank 0/8 runs exactly one rank's share of the real
+model on synthetic weights generated at load (no checkpoint; docs/synthetic.md). See docs/bench.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runBench(cmd.Context(), commandLine(cmd))
@@ -40,6 +41,7 @@ not a measurement. See docs/bench.md.`,
 	f := cmd.Flags()
 	f.String("model", "testdata/models/tiny-f32", "model directory")
 	addBackendFlags(f)
+	addSyntheticFlags(f)
 	f.Int("max-seqs", 0, "most sequences running at once (0 = engine default); must be >= every --concurrency")
 	f.Int("max-batched-tokens", 0, "token budget of one engine step (0 = engine default)")
 	f.Bool("prefix-caching", false, "share KV blocks of common prompt prefixes (off: benchmarks measure compute, and random prompts share nothing)")
@@ -59,6 +61,7 @@ not a measurement. See docs/bench.md.`,
 	f.Float64("project-hbm-bandwidth", bench.H200MeasuredBandwidth, "memory bandwidth of the projection's GPUs in bytes/s (default: H200, measured)")
 	f.Bool("json", false, "print the whole report as JSON")
 	f.Bool("markdown", false, "print the header and a markdown table (for docs/perf.md)")
+	addStepBenchFlags(f)
 	return cmd
 }
 
@@ -122,6 +125,13 @@ func bandwidthFlag(name string, v float64) (float64, error) {
 	return v, nil
 }
 
+func seqLimitText(n int) string {
+	if n <= 0 {
+		return "no limit on sequences per step"
+	}
+	return fmt.Sprintf("at most %d sequences per step", n)
+}
+
 func onOff(b bool) string {
 	if b {
 		return "on"
@@ -138,11 +148,29 @@ func modelSummary(cfg *model.Config) string {
 	return s + fmt.Sprintf(", hidden %d, vocab %d, %s params", cfg.HiddenSize, cfg.VocabSize, humanCount(params))
 }
 
+// floorModelOf builds the floor model of what runs: a synthetic model's
+// derived config (its dtypes are the quantization_config's), or the model
+// directory's config and shard headers.
+func floorModelOf(src modelSource, o bench.FloorOptions) (bench.FloorModel, *model.Config, error) {
+	if src.cfg == nil {
+		return bench.LoadFloorModel(src.dir, o)
+	}
+	m, err := bench.NewFloorModel(src.cfg, nil, o)
+	if err != nil {
+		return bench.FloorModel{}, nil, fmt.Errorf("floor model of %s: %w", src.label, err)
+	}
+	return m, src.cfg, nil
+}
+
 func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	v := a.v
 	asJSON, asMarkdown := v.GetBool("json"), v.GetBool("markdown")
 	if asJSON && asMarkdown {
 		return errors.New("--json and --markdown: choose one")
+	}
+	grid, gridMode, err := a.stepGridFromFlags()
+	if err != nil {
+		return err
 	}
 	conc, err := parseConcurrency(v.GetString("concurrency"))
 	if err != nil {
@@ -190,8 +218,11 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		}
 	}
 
-	dir := v.GetString("model")
-	be, err := a.openBackend(ctx, dir)
+	src, err := a.modelFromFlags()
+	if err != nil {
+		return err
+	}
+	be, err := a.open(ctx, src)
 	if err != nil {
 		return err
 	}
@@ -207,7 +238,7 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	if info.Name == "cpu" && (tp != 1 || ep > 1) {
 		return fmt.Errorf("--tp %d / --ep %d: the cpu backend runs on one device, so its floor is TP1/EP1 (use --project-model for a TP deployment's floor)", tp, ep)
 	}
-	floorModel, cfg, err := bench.LoadFloorModel(dir, bench.FloorOptions{TP: tp, EP: ep, KVElemBytes: kvElem})
+	floorModel, cfg, err := floorModelOf(src, bench.FloorOptions{TP: tp, EP: ep, KVElemBytes: kvElem})
 	if err != nil {
 		return err
 	}
@@ -218,6 +249,21 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		}
 	}
 
+	if gridMode {
+		h := bench.Header{
+			Model: src.label, ModelSummary: modelSummary(cfg), Backend: info.Name, Device: info.Device,
+			Date: time.Now().UTC().Format(time.RFC3339), CommandLine: cmdLine,
+			EngineConfig: fmt.Sprintf("KV %d blocks × %d tokens, %s", info.NumKVBlocks, info.KVBlockSize, seqLimitText(info.MaxBatchSeqs)),
+			GoVersion:    runtime.Version(),
+			Floor: &bench.Basis{Label: fmt.Sprintf("TP%d/EP%d", floorModel.Options.TP, floorModel.Options.EP),
+				ModelDir: src.label, Model: floorModel, Bandwidth: bw},
+		}
+		return a.runStepGrid(ctx, be, grid, h, floorModel, bw)
+	}
+	prof, err := a.profilerOf(be)
+	if err != nil {
+		return err
+	}
 	ecfg := engine.Config{
 		MaxBatchedTokens: v.GetInt("max-batched-tokens"),
 		MaxSeqs:          v.GetInt("max-seqs"),
@@ -242,18 +288,18 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		sampling = fmt.Sprintf("temperature %g (seeded per request)", w.Temperature)
 	}
 	rep := &bench.Report{Header: bench.Header{
-		Model: dir, ModelSummary: modelSummary(cfg), Backend: info.Name, Device: info.Device,
+		Model: src.label, ModelSummary: modelSummary(cfg), Backend: info.Name, Device: info.Device,
 		Date: time.Now().UTC().Format(time.RFC3339), CommandLine: cmdLine,
 		EngineConfig: fmt.Sprintf("max %d seqs, %d tokens per step, KV %d blocks × %d tokens, prefix caching %s",
 			lim.MaxSeqs, lim.MaxBatchedTokens, lim.NumKVBlocks, lim.BlockSize, onOff(ecfg.PrefixCaching)),
 		Sampling:  sampling,
 		GoVersion: runtime.Version(),
 		Floor: &bench.Basis{Label: fmt.Sprintf("TP%d/EP%d", floorModel.Options.TP, floorModel.Options.EP),
-			ModelDir: dir, Model: floorModel, Bandwidth: bw},
+			ModelDir: src.label, Model: floorModel, Bandwidth: bw},
 		Projection: projection,
 		Workload:   w,
 	}}
-	runs, err := bench.Run(ctx, eng, w, func(r bench.RunResult) {
+	runs, err := bench.RunProfiled(ctx, eng, w, prof, func(r bench.RunResult) {
 		a.log.Info("bench run finished", "concurrency", r.Concurrency, "requests", r.Requests,
 			"output_tok_s", fmt.Sprintf("%.1f", r.OutputTokensPerSecond), "tpot_ms", fmt.Sprintf("%.2f", r.TPOTMs.Mean))
 	})
@@ -280,5 +326,8 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	if err := rep.WriteText(a.out); err != nil {
 		return err
 	}
-	return renderTable(a.out, rep.Columns(), rep.TableRows())
+	if err := renderTable(a.out, rep.Columns(), rep.TableRows()); err != nil {
+		return err
+	}
+	return a.printRunProfiles(runs, bw)
 }

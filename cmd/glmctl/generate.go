@@ -25,7 +25,9 @@ func (a *app) newGenerateCmd() *cobra.Command {
 cache, sampling) on the chosen backend and streams the text to stdout as it is produced.
 A statistics line (prompt tokens, time to first token, tokens/s) goes to stderr.
 The prompt is text (tokenized with the model's tokenizer.json), a chat message with --chat,
-or raw token ids with --prompt-ids. Ctrl-C stops generation cleanly.`,
+or raw token ids with --prompt-ids. Ctrl-C stops generation cleanly.
+--synthetic runs full-size synthetic weights instead of a model directory (docs/synthetic.md);
+such a model has no tokenizer: give --prompt-ids, and the output is token ids.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			prompt := ""
@@ -38,6 +40,7 @@ or raw token ids with --prompt-ids. Ctrl-C stops generation cleanly.`,
 	f := cmd.Flags()
 	f.String("model", "testdata/models/tiny-f32", "model directory")
 	addBackendFlags(f)
+	addSyntheticFlags(f)
 	f.String("prompt-ids", "", "comma-separated prompt token ids (instead of text)")
 	f.Bool("chat", false, "wrap the prompt as a user message in the model's chat template")
 	f.String("system", "", "system message (with --chat)")
@@ -256,9 +259,12 @@ func (d detokenizer) Decode(ids []int32) (string, error) { return d.tok.Decode(i
 
 func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	v := a.v
-	dir := v.GetString("model")
+	src, err := a.modelFromFlags()
+	if err != nil {
+		return err
+	}
+	dir := src.dir
 	var ids []int32
-	var err error
 	var tok *tokenizer.Bundle
 	var chatOpts *chat.Options // set with --chat
 	if s := v.GetString("prompt-ids"); s != "" {
@@ -269,11 +275,16 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 			return err
 		}
 	}
+	if src.spec != nil && ids == nil {
+		return errNoTokenizer
+	}
 	// The tokenizer is needed for text prompts and to show text; with
 	// --prompt-ids a model directory without one still generates ids.
-	tok, err = tokenizer.Load(dir)
-	if err != nil && ids == nil {
-		return fmt.Errorf("load tokenizer: %w", err)
+	if src.spec == nil {
+		tok, err = tokenizer.Load(dir)
+		if err != nil && ids == nil {
+			return fmt.Errorf("load tokenizer: %w", err)
+		}
 	}
 	if tok != nil {
 		defer tok.Close()
@@ -301,7 +312,7 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 		}
 	}
 
-	be, err := a.openBackend(ctx, dir)
+	be, err := a.open(ctx, src)
 	if err != nil {
 		return err
 	}

@@ -60,7 +60,7 @@ func newRootCmd(out, errOut io.Writer) *cobra.Command {
 	a := &app{v: viper.New(), out: out, errOut: errOut}
 	root := &cobra.Command{
 		Use:           "glmctl",
-		Short:         "Serve GLM-4.7-FP8: inspect, build, validate, generate, bench, serve",
+		Short:         "Serve GLM-4.7-FP8: inspect, build, validate, generate, bench, serve, synth",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       fmt.Sprintf("%s (commit %s)", version, commit),
@@ -83,6 +83,7 @@ func newRootCmd(out, errOut io.Writer) *cobra.Command {
 		a.newGenerateCmd(),
 		a.newBenchCmd(),
 		a.newServeCmd(),
+		a.newSynthCmd(),
 	)
 	return root
 }

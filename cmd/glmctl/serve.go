@@ -33,15 +33,18 @@ GLMCTL_API_KEY) or in the config file. SIGTERM or Ctrl-C stops accepting
 connections, lets running requests finish for --shutdown-timeout, cancels the
 rest and exits 0. Logs are JSON unless --log-format is given.`,
 		Example: `  glmctl serve --model ./GLM-4.7-FP8 --backend cuda --host 0.0.0.0 --port 8000
-  glmctl serve --model testdata/models/tiny-f32 --backend cpu --api-key secret`,
+  glmctl serve --model testdata/models/tiny-f32 --backend cpu --api-key secret
+  glmctl serve --synthetic glm-4.7 --rank 0/8 --tokenizer ./qwen3-tokenizer --backend cuda`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runServe(cmd.Context())
 		},
 	}
 	f := cmd.Flags()
-	f.String("model", "", "model directory: config.json, safetensors shards, tokenizer.json (required)")
+	f.String("model", "", "model directory: config.json, safetensors shards, tokenizer.json (required unless --synthetic)")
 	addBackendFlags(f)
+	addSyntheticFlags(f)
+	f.String("tokenizer", "", "directory of the tokenizer.json to use (default: the model directory; required with --synthetic: any tokenizer whose vocabulary covers the model's ids)")
 	f.String("host", "127.0.0.1", "address to listen on (0.0.0.0 for all interfaces)")
 	f.Int("port", 8000, "TCP port to listen on")
 	f.Int("max-queue", server.DefaultMaxQueue, "requests waiting for the engine before new ones get 429 (-1 = unbounded)")
@@ -69,37 +72,60 @@ func (a *app) runServe(ctx context.Context) error {
 		a.log = l
 		slog.SetDefault(l)
 	}
-	dir := v.GetString("model")
-	if dir == "" {
+	src, err := a.modelFromFlags()
+	if err != nil {
+		return err
+	}
+	dir, tokDir := src.dir, v.GetString("tokenizer")
+	switch {
+	case src.spec != nil && tokDir == "":
+		return errors.New("--synthetic: a synthetic model has no tokenizer; give --tokenizer DIR (a tokenizer.json whose vocabulary covers the model's ids)")
+	case src.spec == nil && dir == "":
 		return errors.New("--model: a model directory is required")
+	case tokDir == "":
+		tokDir = dir
 	}
 	port := v.GetInt("port")
 	if port < 0 || port > 65535 {
 		return fmt.Errorf("--port: %d is not a TCP port (0..65535)", port)
 	}
 	name := v.GetString("served-model-name")
-	if name == "" {
+	if name == "" && src.spec != nil {
+		name = src.spec.Name()
+	} else if name == "" {
 		name = filepath.Base(filepath.Clean(dir))
 	}
 
-	tok, err := tokenizer.Load(dir)
+	tok, err := tokenizer.Load(tokDir)
 	if err != nil {
 		return err
 	}
 	defer tok.Close()
+	stopIDs := tok.StopIDs
 	var format server.ChatFormat
 	if tok.Variant != chat.VariantUnknown {
 		format = server.GLMChat{Variant: tok.Variant}
 	} else {
-		log.Warn("no GLM chat template recognised: /v1/chat/completions disabled, /v1/completions works", "dir", dir)
+		log.Warn("no GLM chat template recognised: /v1/chat/completions disabled, /v1/completions works", "dir", tokDir)
 	}
-	sampling, err := samplingDefaults(dir)
-	if err != nil {
-		return err
+	sampling := server.SamplingDefaults{Temperature: 1, TopP: 1}
+	if src.spec == nil {
+		if sampling, err = samplingDefaults(dir); err != nil {
+			return err
+		}
+	} else {
+		// Stop ids of the borrowed tokenizer that the model's vocabulary
+		// (a rank's share) does not hold can never be generated.
+		stopIDs = nil
+		for _, id := range tok.StopIDs {
+			if int(id) < src.cfg.VocabSize {
+				stopIDs = append(stopIDs, id)
+			}
+		}
 	}
 
-	log.Info("loading model", "dir", dir, "backend", v.GetString("backend"))
-	backend, err := a.openBackend(ctx, dir)
+	log.Info("loading model", "model", src.label, "backend", v.GetString("backend"))
+	backend, err := a.open(ctx, src)
 	if err != nil {
 		return err
 	}
@@ -116,7 +142,7 @@ func (a *app) runServe(ctx context.Context) error {
 			MaxModelLen:      v.GetInt("max-model-len"),
 			PrefixCaching:    v.GetBool("prefix-caching"),
 			MaxQueue:         v.GetInt("max-queue"),
-			EOSTokenIDs:      tok.StopIDs,
+			EOSTokenIDs:      stopIDs,
 		},
 		Tokenizer:       serveTokenizer{tok},
 		Chat:            format,

@@ -18,6 +18,7 @@
  * Life cycle:
  *   glmrt_engine_create(config, options)     allocate weights, KV pool, workspaces
  *   glmrt_load_tensor(...) for every tensor  checkpoint names, host pointers
+ *     or glmrt_synthesize(seed)              every tensor generated on the GPU
  *   glmrt_finalize()                         checks every needed tensor arrived
  *   glmrt_step(batch, result) repeatedly     one call per scheduler step
  *   glmrt_engine_destroy()
@@ -32,7 +33,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 2
+#define GLMRT_ABI_VERSION 3
 
 /* Status codes. */
 #define GLMRT_OK 0
@@ -94,7 +95,10 @@ typedef struct glmrt_engine_options {
   int32_t fp32_cache_and_head; /* 0: BF16 KV cache, lm_head BF16 x BF16 (the real path).
                                   1: validation precision: FP32 KV cache (twice the bytes per
                                   block) and an FP32 lm_head on the FP32 normed hidden state */
-  int32_t reserved[5];         /* must be zero */
+  int32_t disable_graphs;      /* 0: steps whose sequences all decode one token are captured
+                                  once per batch-size bucket as CUDA graphs and replayed;
+                                  1: every kernel is launched every step */
+  int32_t reserved[4];         /* must be zero */
 } glmrt_engine_options;
 
 /* What the engine became (glmrt_get_info). */
@@ -215,6 +219,57 @@ int glmrt_finalize(glmrt_engine* engine);
 int glmrt_step(glmrt_engine* engine, const glmrt_batch* batch, glmrt_result* result);
 
 void glmrt_engine_destroy(glmrt_engine* engine);
+
+/* ---- synthetic weights ----
+ * Fill every tensor the forward needs with the deterministic pseudo-random
+ * values of docs/synthetic.md, generated on the GPU(s): exactly the values that
+ * `glmctl synth` writes to a checkpoint for the same config and seed, so a
+ * synthesized engine and one loaded from that checkpoint compute the same
+ * thing. Replaces the glmrt_load_tensor calls: call it once, before any of
+ * them, then glmrt_finalize. MTP tensors are not generated (never used).
+ * The KV cache is also filled with random finite values, so a decode step at
+ * any position can be timed without a prefill first. */
+int glmrt_synthesize(glmrt_engine* engine, uint64_t seed);
+
+/* ---- step profile ----
+ * Families of GPU work in a step. Each launch of the step belongs to one. */
+#define GLMRT_PROF_EMBED 0           /* embedding gather */
+#define GLMRT_PROF_NORM 1            /* residual add + RMSNorm (+ FP8 quantization), final norm */
+#define GLMRT_PROF_QKV 2             /* q|k|v linear */
+#define GLMRT_PROF_ROPE_KV 3         /* q/k norm + RoPE + KV-cache write */
+#define GLMRT_PROF_ATTENTION 4       /* attention (+ split merge, output quantization) */
+#define GLMRT_PROF_O_PROJ 5          /* o_proj linear */
+#define GLMRT_PROF_DENSE_GATE_UP 6   /* dense MLP gate|up linear */
+#define GLMRT_PROF_DENSE_DOWN 7      /* dense MLP down linear */
+#define GLMRT_PROF_ROUTER 8          /* router logits, top-k, expert sort */
+#define GLMRT_PROF_EXPERT_GATE_UP 9  /* routed + shared experts, gate|up */
+#define GLMRT_PROF_EXPERT_DOWN 10    /* routed + shared experts, down */
+#define GLMRT_PROF_ACTIVATION 11     /* SiLU*up (+ FP8 quantization) */
+#define GLMRT_PROF_MOE_COMBINE 12    /* weighted sum of expert outputs */
+#define GLMRT_PROF_LM_HEAD 13        /* lm_head (+ vocab gather) */
+#define GLMRT_PROF_SAMPLING 14       /* penalties, sampling, logprobs */
+#define GLMRT_PROF_COMM 15           /* all-reduce / all-gather between GPUs */
+#define GLMRT_PROF_COPY 16           /* host <-> device copies of the step */
+#define GLMRT_PROF_N 17
+
+typedef struct glmrt_profile {
+  int64_t steps;                       /* steps accumulated */
+  double step_us;                      /* GPU time from the step's first to last work */
+  double family_us[GLMRT_PROF_N];      /* GPU time per family (sums to about step_us) */
+  int64_t family_bytes[GLMRT_PROF_N];  /* device-memory bytes the family must move: weights
+                                          read (experts actually hit), KV read and written,
+                                          activations read and written */
+  int64_t family_launches[GLMRT_PROF_N];
+  int32_t graphs;                      /* 1: timed inside replayed CUDA graphs; 0: eager */
+  int32_t reserved[7];
+} glmrt_profile;
+
+/* Start (on = 1) or stop (on = 0) profiling steps of GPU 0: from then on every
+ * step records a timing event after each launch (steps run somewhat slower)
+ * and accumulates into the profile. Starting also clears it. */
+int glmrt_profile_enable(glmrt_engine* engine, int32_t on);
+/* Copy the accumulated profile out; reset = 1 clears it afterwards. */
+int glmrt_profile_read(glmrt_engine* engine, glmrt_profile* out, int32_t reset);
 
 #ifdef __cplusplus
 }

@@ -6,7 +6,12 @@
 // items of several consecutive query tokens; long decode contexts are split
 // over keys into several items whose partial (o, m, l) are merged by
 // attention_merge (flash-decoding). Work items are built on the host per step.
+//
+// Decode (one query token per sequence) has its own kernel, attention_decode,
+// below the prefill path: bf16 tensor cores, cp.async pipeline, splits merged
+// inside the launch.
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 
 #include "common.cuh"
@@ -221,6 +226,688 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
   merge_kernel<<<dim3(n_merges, min(n_q_heads, 16)), kD, 0, st>>>(merges, n_q_heads, part_o,
                                                                     part_ml, out);
   return cudaGetLastError();
+}
+
+// ===================================================================== decode
+//
+// attention_decode: one CTA (4 warps) per (sequence, KV head, split). The
+// split's keys [k0, k1) are cut into 16-key tiles (a tile never straddles a
+// page: block_size % 16 == 0 and tiles start at multiples of 16); warp w takes
+// tiles w, w+4, w+8, ... and streams them (K and V, 4 KB each) through its own
+// S-stage cp.async pipeline in shared memory (no block barrier inside the key
+// loop), with its own online-softmax state. Per tile and warp:
+//   S[16 x 16]  = Q[16 x 128] . K^T    8 k-steps x 2 n-tiles of mma m16n8k16 bf16
+//   P = exp2(S - m)                    FP32 online softmax (log2 domain)
+//   O[16 x 128] += P(bf16) . V         16 n-tiles of mma m16n8k16 bf16
+// The G query heads of the KV head are the 16 rows of the A operand (rows
+// G..15 are zero); Q is scaled by scale*log2(e) and rounded to bf16 once, held
+// in registers as A fragments. K tiles [key][dim] are the col-major B operand
+// (ldmatrix), V tiles [key][dim] the row-major one (ldmatrix.trans). Shared
+// copies are XOR-swizzled per 16-byte chunk (chunk c of key row r at c^(r&7)),
+// so cp.async stores and ldmatrix reads are conflict-free.
+// At the end the 4 warps' states are merged in shared memory in a fixed order.
+// One split: the normalised row is written directly. Several: each CTA writes
+// its partial (O unnormalised, m, l) to the workspace, __threadfence, counts
+// itself on a per-(sequence, KV head) counter; the CTA that arrives last merges
+// all partials in split order (deterministic) and resets the counter. More
+// than direct_max splits merge in two levels (groups of ceil(sqrt(n)) splits,
+// then the groups), which keeps one CTA's serial merge read small.
+namespace {
+
+constexpr int kDecD = 128;                      // head_dim
+constexpr int kDecWarps = 4;                    // warps per CTA
+constexpr int kDecThreads = kDecWarps * 32;
+constexpr int kDecTile = 16;                    // keys per tile (one warp pipeline stage)
+constexpr int kDecTileBytes = kDecTile * kDecD * 2;   // 4 KB: K or V of one tile
+constexpr int kDecStageBytes = 2 * kDecTileBytes;     // K + V
+constexpr int kDecChunkRound = kDecTile * kDecWarps;  // split lengths are multiples of this
+constexpr int kDecMaxSplits = 256;              // max_splits accepted by attention_decode
+constexpr int kDecPolicyMaxSplits = 128;        // most splits the policy picks
+constexpr int kDecMaxMerge = 32;                // most partials one merge step reads
+constexpr int kDecOStride = kDecD + 8;          // floats per row of a warp's O in shared memory
+constexpr float kLog2e = 1.4426950408889634f;
+static_assert(16 * kDecOStride * 4 <= 2 * kDecStageBytes, "warp O copy fits in two stages");
+
+// Launch knobs (defaults; attn_check --sweep changes them through the hook at
+// the end of this file).
+struct DecTuning {
+  int stages = 3;       // pipeline depth per warp: 2, 3 or 4 (smem 64 / 96 / 128 KB per CTA)
+  int min_chunk = 128;  // fewest keys per split (multiple of 16)
+  int direct_max = 16;  // up to this many splits merge in one level
+  int ctas_per_sm = 2;  // the split policy's target of resident CTAs per SM
+};
+DecTuning g_dec_tuning;
+
+struct DecParams {
+  int G;           // query heads per KV head
+  int min_chunk;
+  int direct_max;
+  int gmax;        // group slots per (sequence, KV head) in the workspace
+  int* counters;   // [pairs][1 + gmax]: [0] the final merge, [1 + g] group g
+  float* po;       // [pairs][max_splits][G][128]  partial O (unnormalised)
+  float2* pml;     // [pairs][max_splits][G]       partial (m, l), m in log2 units
+  float* go;       // [pairs][gmax][G][128]        group results
+  float2* gml;     // [pairs][gmax][G]
+};
+
+struct DecShared {
+  float wm[kDecWarps][16], wl[kDecWarps][16], wf[kDecWarps][16];  // per-warp state merge
+  float M[16], L[16], scl[16];
+  float2 ml[kDecMaxMerge * 16];   // (m, l) of the partials being merged
+  float w[kDecMaxMerge][16];      // their weights exp2(m - M)
+  float red[32];
+  int flag;
+};
+
+__host__ __device__ inline int dec_ceil_sqrt(int n) {
+  int r = 1;
+  while (r * r < n) ++r;
+  return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                        uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                              uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
+// D += A(16x16 bf16, row) * B(16x8 bf16, col), FP32 accumulate.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// A 4-byte global load issued where it is written (the compiler would sink a
+// plain load below the early exits, lengthening the chain before the first KV
+// request).
+__device__ __forceinline__ int ld_early(const int* p) {
+  int v;
+  asm volatile("ld.volatile.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// 16-byte cp.async that reads src_bytes (16 or 0) and zero-fills the rest.
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Arrival on a merge counter. Every thread has stored its share of the CTA's
+// result; returns (to every thread) whether this CTA is the expected-th, i.e.
+// the last, to arrive. The last one resets the counter for the next launch.
+__device__ __forceinline__ bool dec_arrive(int* counter, int expected, DecShared& sh) {
+  __threadfence();  // this thread's result stores are visible device-wide before the count
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int old = atomicAdd(counter, 1);
+    const bool last = old == expected - 1;
+    if (last) {
+      atomicExch(counter, 0);
+      __threadfence();  // the merge's loads below come after the count
+    }
+    sh.flag = last;
+  }
+  __syncthreads();
+  return sh.flag != 0;
+}
+
+// Merges n partial results (slots o[n][G*128], ml[n][G], contiguous) read
+// through L2: acc[k] = sum_i w_i * o_i over this thread's float4s idx = tid +
+// 128k < G*32 (row idx/32), and sh.M / sh.L per row. The slots are staged into
+// shared memory (stage: cap slots at a time) with cp.async, so the whole read
+// is in flight at once. Reuses the pipeline buffers: the caller has passed a
+// block barrier since their last use.
+__device__ void dec_merge(const float* __restrict__ po, const float2* __restrict__ pml, int n, int G,
+                          const float* stage, uint32_t stage_s, int cap, float4 (&acc)[4],
+                          DecShared& sh) {
+  const int tid = threadIdx.x;
+  const int per = G * 32;  // 16-byte pieces per slot
+  const char* src = reinterpret_cast<const char*>(po);
+  {
+    const int cn = min(n, cap);
+    for (int q = tid; q < cn * per; q += kDecThreads) cp_async16_zfill(stage_s + q * 16, src + (size_t)q * 16, 16);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  for (int q = tid; q < n * G; q += kDecThreads) sh.ml[q] = __ldcg(pml + q);
+  __syncthreads();
+  if (tid < G) {
+    float M = -INFINITY;
+    for (int i = 0; i < n; ++i) M = fmaxf(M, sh.ml[i * G + tid].x);
+    float L = 0.f;
+    for (int i = 0; i < n; ++i) {
+      const float f = ex2(sh.ml[i * G + tid].x - M);
+      sh.w[i][tid] = f;
+      L += sh.ml[i * G + tid].y * f;
+    }
+    sh.M[tid] = M;
+    sh.L[tid] = L;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int c0 = 0; c0 < n; c0 += cap) {
+    const int cn = min(cap, n - c0);
+    if (c0 > 0) {
+      for (int q = tid; q < cn * per; q += kDecThreads)
+        cp_async16_zfill(stage_s + q * 16, src + ((size_t)c0 * per + q) * 16, 16);
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // staged slots and sh.w visible to all
+    const float4* st4 = reinterpret_cast<const float4*>(stage);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int idx = tid + kDecThreads * k;
+      if (idx < per) {
+        const int r = idx >> 5;
+        float4 a4 = acc[k];
+        for (int i = 0; i < cn; ++i) {
+          const float w = sh.w[c0 + i][r];
+          const float4 v = st4[i * per + idx];
+          a4.x += w * v.x;
+          a4.y += w * v.y;
+          a4.z += w * v.z;
+          a4.w += w * v.w;
+        }
+        acc[k] = a4;
+      }
+    }
+    __syncthreads();  // stage free for the next chunk / the caller
+  }
+}
+
+// Writes this CTA's G heads of the output row: y = acc * sh.scl[row head]
+// (out, if set) and, with out_q (n_kv_heads == 1: the CTA has the whole row),
+// the row quantized exactly as quant_rows_fp8 does.
+__device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh,
+                                const float4 (&acc)[4], DecShared& sh) {
+  const int tid = threadIdx.x;
+  const int per = G * 32;
+  float4 y[4];
+  float amax = 0.f;
+  float* outp = a.out ? a.out + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD : nullptr;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int idx = tid + kDecThreads * k;
+    y[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (idx < per) {
+      const float f = sh.scl[idx >> 5];
+      y[k] = make_float4(acc[k].x * f, acc[k].y * f, acc[k].z * f, acc[k].w * f);
+      if (outp) reinterpret_cast<float4*>(outp)[idx] = y[k];
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y[k].x), fabsf(y[k].y)), fmaxf(fabsf(y[k].z), fabsf(y[k].w))));
+    }
+  }
+  if (a.out_q) {  // uniform over the block
+    amax = block_reduce(amax, sh.red, MaxOp());
+    const float s = fmaxf(amax / kFp8Max, kMinActScale);
+    uint32_t* qr = reinterpret_cast<uint32_t*>(a.out_q + (int64_t)row * a.n_q_heads * kDecD);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int idx = tid + kDecThreads * k;
+      if (idx < per) {
+        const float4 v = y[k];
+        qr[idx] = (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
+                  ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
+      }
+    }
+    if (tid == 0) a.out_scale[row] = s;
+  }
+}
+
+template <int S>
+__global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs a, DecParams p) {
+  static_assert(S >= 2 && S <= 4, "pipeline depth");
+  extern __shared__ __align__(1024) unsigned char dsmem[];
+  __shared__ DecShared sh;
+  const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int G = p.G;
+  // Independent loads first (the block-table walk below waits on ctx and bto).
+  const int ctx = ld_early(a.ctx_len + seq);
+  const int row = ld_early(a.q_row + seq);
+  const int bto = ld_early(a.bt_offset + seq);
+
+  if (ctx <= 0) {  // a padding sequence: zero output (and zero FP8 codes, minimum scale)
+    if (split != 0) return;
+    float4 acc[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (tid < 16) sh.scl[tid] = 1.f;
+    __syncthreads();
+    dec_write_final(a, G, row, kvh, acc, sh);
+    return;
+  }
+  // The split of the keys (the same in every CTA of the sequence): chunk a
+  // multiple of 64 keys, at least min_chunk; n_act <= max_splits CTAs have keys.
+  int chunk = (ctx + a.max_splits - 1) / a.max_splits;
+  chunk = (chunk + kDecChunkRound - 1) / kDecChunkRound * kDecChunkRound;
+  chunk = max(chunk, p.min_chunk);
+  const int n_act = (ctx + chunk - 1) / chunk;
+  if (split >= n_act) return;
+  const int k0 = split * chunk, k1 = min(ctx, k0 + chunk);
+  const int n_tiles = (k1 - k0 + kDecTile - 1) / kDecTile;
+  const int nt = n_tiles > warp ? (n_tiles - warp + kDecWarps - 1) / kDecWarps : 0;  // this warp's tiles
+  const int* bt = a.block_tables + bto;
+  const int bs = a.block_size;
+
+  // Block ids of this warp's tiles, 32 at a time: lane i holds tile 32b + i.
+  auto tile_ids = [&](int b) -> int {
+    const int j = 32 * b + lane;
+    if (j >= nt) return 0;
+    return bt[(k0 + kDecTile * (warp + kDecWarps * j)) / bs];
+  };
+  int ids = tile_ids(0);
+  int ids_next = tile_ids(1);
+
+  // Q as bf16 A fragments: rows = heads kvh*G + r (r >= G: zero), pre-scaled
+  // so that scores are in log2 units. qa[kk] covers dims 16kk .. 16kk+15.
+  uint32_t qa[8][4];
+  {
+    const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
+    const float sc = a.scale * kLog2e;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int r = g + 8 * h;
+          float2 v = make_float2(0.f, 0.f);
+          if (r < G) v = *reinterpret_cast<const float2*>(qp + r * kDecD + kk * 16 + 8 * c + 2 * t);
+          qa[kk][h + 2 * c] = pack_bf16(v.x * sc, v.y * sc);
+        }
+      }
+    }
+  }
+
+  const uint32_t wbase = (uint32_t)__cvta_generic_to_shared(dsmem) + warp * S * kDecStageBytes;
+  const __nv_bfloat16* kc = a.k_cache;
+  const __nv_bfloat16* vc = a.v_cache;
+  // Copies tile j of this warp into stage buf: lane copies 16-byte chunk
+  // (lane & 15) of keys 2i + (lane >> 4), i = 0..7, of K and of V; keys >= k1
+  // (the tail of the last tile) are zero-filled and not read.
+  auto issue = [&](int j, int buf, int id) {
+    const int key0 = k0 + kDecTile * (warp + kDecWarps * j);
+    const int64_t off = (((int64_t)id * a.n_kv_heads + kvh) * bs + (key0 % bs)) * kDecD;
+    const int valid = k1 - key0;
+    const uint32_t dk = wbase + buf * kDecStageBytes;
+    const int ch = lane & 15;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int kl = 2 * i + (lane >> 4);
+      const int nb = kl < valid ? 16 : 0;
+      const uint32_t so = kl * 256 + ((ch ^ (kl & 7)) << 4);
+      const int64_t src = off + kl * kDecD + ch * 8;
+      cp_async16_zfill(dk + so, kc + src, nb);
+      cp_async16_zfill(dk + kDecTileBytes + so, vc + src, nb);
+    }
+  };
+
+  // ldmatrix lane addresses (byte offsets in a stage). K (no trans): matrix
+  // mi = lane/8 is keys 8*(mi/2).., chunk 2kk + (mi&1) -> b0/b1 of n-tiles 0, 1.
+  // V (trans): matrix mi is keys 8*(mi&1).., chunk 2*nd2 + mi/2 -> b0/b1 of
+  // n-tiles 2*nd2, 2*nd2+1. Physical chunk = chunk ^ (key & 7) = chunk ^ (lane & 7).
+  const uint32_t k_row = (uint32_t)((((lane >> 4) << 3) + (lane & 7)) * 256);
+  const uint32_t k_x = (uint32_t)(((lane >> 3) & 1) ^ (lane & 7));
+  const uint32_t v_row = (uint32_t)(((((lane >> 3) & 1) << 3) + (lane & 7)) * 256 + kDecTileBytes);
+  const uint32_t v_x = (uint32_t)((lane >> 4) ^ (lane & 7));
+
+  float o[16][4];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g, g+8 (l: this thread's columns)
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < nt) issue(s, s, __shfl_sync(0xffffffffu, ids, s));
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  int rb = 0, wb = S - 1;
+  for (int j = 0; j < nt; ++j) {
+    cp_async_wait<S - 2>();  // tile j has landed (this thread's copies)
+    __syncwarp();            // ... and every lane's; stage wb (read at j-1) is free
+    {
+      const int jn = j + S - 1;
+      if ((jn & 31) == 0) {  // next batch of block ids
+        ids = ids_next;
+        ids_next = tile_ids((jn >> 5) + 1);
+      }
+      if (jn < nt) issue(jn, wb, __shfl_sync(0xffffffffu, ids, jn & 31));
+      asm volatile("cp.async.commit_group;" ::: "memory");
+      wb = wb + 1 == S ? 0 : wb + 1;
+    }
+    const uint32_t sb = wbase + rb * kDecStageBytes;
+    rb = rb + 1 == S ? 0 : rb + 1;
+
+    // S = Q K^T: two accumulator chains per n-tile (even / odd k-steps).
+    float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+    float u0[4] = {0.f, 0.f, 0.f, 0.f}, u1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(sb + k_row + ((k_x ^ (uint32_t)(2 * kk)) << 4), b0, b1, b2, b3);
+      if (kk & 1) {
+        mma_bf16_16816(u0, qa[kk], b0, b1);
+        mma_bf16_16816(u1, qa[kk], b2, b3);
+      } else {
+        mma_bf16_16816(s0, qa[kk], b0, b1);
+        mma_bf16_16816(s1, qa[kk], b2, b3);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      s0[e] += u0[e];
+      s1[e] += u1[e];
+    }
+    // Thread holds keys 2t, 2t+1 (s0) and 8+2t, 9+2t (s1) of rows g ([0], [1])
+    // and g+8 ([2], [3]). Keys past the end (last tile only) get -inf.
+    const int key0 = k0 + kDecTile * (warp + kDecWarps * j);
+    if (key0 + kDecTile > k1) {
+      const int valid = k1 - key0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int kc0 = 2 * t + (e & 1);
+        if (kc0 >= valid) s0[e] = -INFINITY;
+        if (kc0 + 8 >= valid) s1[e] = -INFINITY;
+      }
+    }
+    float mx0 = fmaxf(fmaxf(s0[0], s0[1]), fmaxf(s1[0], s1[1]));
+    float mx1 = fmaxf(fmaxf(s0[2], s0[3]), fmaxf(s1[2], s1[3]));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: the tile has a valid key
+    const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);    // 0 on the first tile
+    m0 = mn0;
+    m1 = mn1;
+    s0[0] = ex2(s0[0] - mn0);
+    s0[1] = ex2(s0[1] - mn0);
+    s1[0] = ex2(s1[0] - mn0);
+    s1[1] = ex2(s1[1] - mn0);
+    s0[2] = ex2(s0[2] - mn1);
+    s0[3] = ex2(s0[3] - mn1);
+    s1[2] = ex2(s1[2] - mn1);
+    s1[3] = ex2(s1[3] - mn1);
+    l0 = l0 * al0 + ((s0[0] + s0[1]) + (s1[0] + s1[1]));
+    l1 = l1 * al1 + ((s0[2] + s0[3]) + (s1[2] + s1[3]));
+#pragma unroll
+    for (int nd = 0; nd < 16; ++nd) {
+      o[nd][0] *= al0;
+      o[nd][1] *= al0;
+      o[nd][2] *= al1;
+      o[nd][3] *= al1;
+    }
+    // O += P V: P (C layout of S) is the A fragment directly.
+    const uint32_t pa[4] = {pack_bf16(s0[0], s0[1]), pack_bf16(s0[2], s0[3]), pack_bf16(s1[0], s1[1]),
+                            pack_bf16(s1[2], s1[3])};
+#pragma unroll
+    for (int nd2 = 0; nd2 < 8; ++nd2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_trans(sb + v_row + ((v_x ^ (uint32_t)(2 * nd2)) << 4), b0, b1, b2, b3);
+      mma_bf16_16816(o[2 * nd2], pa, b0, b1);
+      mma_bf16_16816(o[2 * nd2 + 1], pa, b2, b3);
+    }
+  }
+  cp_async_wait<0>();
+
+  // ---- merge the 4 warps' states (fixed order) -> acc, sh.M, sh.L
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  if (t == 0) {
+    sh.wm[warp][g] = m0;
+    sh.wm[warp][g + 8] = m1;
+    sh.wl[warp][g] = l0;
+    sh.wl[warp][g + 8] = l1;
+  }
+  __syncwarp();  // every lane of this warp is done reading its stages
+  {
+    float* ow = reinterpret_cast<float*>(dsmem + (size_t)warp * S * kDecStageBytes);
+#pragma unroll
+    for (int nd = 0; nd < 16; ++nd) {
+      *reinterpret_cast<float2*>(ow + g * kDecOStride + nd * 8 + 2 * t) = make_float2(o[nd][0], o[nd][1]);
+      *reinterpret_cast<float2*>(ow + (g + 8) * kDecOStride + nd * 8 + 2 * t) =
+          make_float2(o[nd][2], o[nd][3]);
+    }
+  }
+  __syncthreads();
+  if (tid < 16) {
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, sh.wm[w][tid]);
+    float L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) {
+      const float mw = sh.wm[w][tid];
+      const float f = mw == -INFINITY ? 0.f : ex2(mw - M);  // a warp without tiles: weight 0
+      sh.wf[w][tid] = f;
+      L += sh.wl[w][tid] * f;
+    }
+    sh.M[tid] = M;
+    sh.L[tid] = L;
+    sh.scl[tid] = 1.f / L;
+  }
+  __syncthreads();
+  const int per = G * 32;
+  float4 acc[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int idx = tid + kDecThreads * k;
+    acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (idx < per) {
+      const int r = idx >> 5, c = (idx & 31) * 4;
+      float4 a4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) {
+        const float f = sh.wf[w][r];
+        const float4 v = *reinterpret_cast<const float4*>(
+            reinterpret_cast<const float*>(dsmem + (size_t)w * S * kDecStageBytes) + r * kDecOStride + c);
+        a4.x += f * v.x;
+        a4.y += f * v.y;
+        a4.z += f * v.z;
+        a4.w += f * v.w;
+      }
+      acc[k] = a4;
+    }
+  }
+  if (n_act == 1) {
+    dec_write_final(a, G, row, kvh, acc, sh);
+    return;
+  }
+
+  // ---- several splits: publish the partial, the last CTA merges.
+  const int64_t pair = (int64_t)seq * a.n_kv_heads + kvh;
+  {
+    float4* dst = reinterpret_cast<float4*>(p.po + ((pair * a.max_splits + split) * G) * kDecD);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int idx = tid + kDecThreads * k;
+      if (idx < per) __stcg(dst + idx, acc[k]);
+    }
+    if (tid < G) __stcg(p.pml + (pair * a.max_splits + split) * G + tid, make_float2(sh.M[tid], sh.L[tid]));
+  }
+  int* cnt = p.counters + pair * (1 + p.gmax);
+  const float* stage = reinterpret_cast<const float*>(dsmem);
+  const uint32_t stage_s = (uint32_t)__cvta_generic_to_shared(dsmem);
+  const int cap = (kDecWarps * S * kDecStageBytes) / (G * kDecD * 4);
+  int n_final = n_act;                                           // partials of the final merge
+  const float* fin_o = p.po + (pair * a.max_splits) * G * kDecD;  // ... and where they are
+  const float2* fin_ml = p.pml + (pair * a.max_splits) * G;
+  if (n_act > p.direct_max) {
+    // Level 1: groups of R consecutive splits; the last of a group merges it.
+    const int R = dec_ceil_sqrt(n_act);
+    const int grp = split / R;
+    const int gn = min(R, n_act - grp * R);
+    if (!dec_arrive(cnt + 1 + grp, gn, sh)) return;
+    dec_merge(p.po + (pair * a.max_splits + grp * R) * G * kDecD, p.pml + (pair * a.max_splits + grp * R) * G,
+              gn, G, stage, stage_s, cap, acc, sh);
+    float4* dst = reinterpret_cast<float4*>(p.go + ((pair * p.gmax + grp) * G) * kDecD);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int idx = tid + kDecThreads * k;
+      if (idx < per) __stcg(dst + idx, acc[k]);
+    }
+    if (tid < G) __stcg(p.gml + (pair * p.gmax + grp) * G + tid, make_float2(sh.M[tid], sh.L[tid]));
+    n_final = (n_act + R - 1) / R;
+    fin_o = p.go + (pair * p.gmax) * G * kDecD;
+    fin_ml = p.gml + (pair * p.gmax) * G;
+  }
+  if (!dec_arrive(cnt, n_final, sh)) return;
+  dec_merge(fin_o, fin_ml, n_final, G, stage, stage_s, cap, acc, sh);
+  if (tid < G) sh.scl[tid] = 1.f / sh.L[tid];
+  __syncthreads();
+  dec_write_final(a, G, row, kvh, acc, sh);
+}
+
+struct DecWsLayout {
+  size_t counters, po, pml, go, gml, total;
+  int gmax;
+};
+DecWsLayout dec_ws_layout(int n_seqs, int G, int n_kv, int max_splits) {
+  DecWsLayout w{};
+  const size_t pairs = (size_t)n_seqs * n_kv;
+  w.gmax = max_splits > 1 ? dec_ceil_sqrt(max_splits) : 0;
+  auto al = [](size_t x) { return (x + 255) & ~(size_t)255; };
+  size_t off = 0;
+  w.counters = off;
+  off = al(off + pairs * (1 + w.gmax) * sizeof(int));
+  w.po = off;
+  off = al(off + pairs * max_splits * G * kDecD * sizeof(float));
+  w.pml = off;
+  off = al(off + pairs * max_splits * G * sizeof(float2));
+  w.go = off;
+  off = al(off + pairs * w.gmax * G * kDecD * sizeof(float));
+  w.gml = off;
+  off = al(off + pairs * w.gmax * G * sizeof(float2));
+  w.total = off;
+  return w;
+}
+
+// cudaFuncSetAttribute once per device and kernel instantiation.
+template <int S>
+cudaError_t dec_prepare(int smem) {
+  static std::atomic<unsigned long long> done{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  e = cudaFuncSetAttribute(decode_attn_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(decode_attn_kernel<S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           (int)cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  done.fetch_or(bit, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+template <int S>
+cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, cudaStream_t st) {
+  const int smem = kDecWarps * S * kDecStageBytes;
+  cudaError_t e = dec_prepare<S>(smem);
+  if (e != cudaSuccess) return e;
+  decode_attn_kernel<S><<<dim3(a.max_splits, a.n_kv_heads, a.n_seqs), kDecThreads, smem, st>>>(a, p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms) {
+  if (n_seqs <= 0 || n_kv_heads <= 0) return 1;
+  if (num_sms <= 0) num_sms = 132;
+  const long long pairs = (long long)n_seqs * n_kv_heads;
+  const long long target = (long long)num_sms * std::max(1, g_dec_tuning.ctas_per_sm);
+  const long long s = target / pairs;
+  return (int)std::max(1LL, std::min<long long>(s, kDecPolicyMaxSplits));
+}
+
+size_t decode_attention_workspace_bytes(int n_seqs, int n_q_heads, int n_kv_heads, int max_splits) {
+  if (n_seqs <= 0 || n_kv_heads <= 0 || n_q_heads <= 0 || n_q_heads % n_kv_heads != 0 || max_splits <= 1)
+    return 0;
+  return dec_ws_layout(n_seqs, n_q_heads / n_kv_heads, n_kv_heads, std::min(max_splits, kDecMaxSplits)).total;
+}
+
+cudaError_t attention_decode(const DecodeAttnArgs& a, cudaStream_t st) {
+  if (a.n_seqs <= 0) return cudaSuccess;
+  if (a.n_kv_heads <= 0 || a.n_q_heads <= 0 || a.n_q_heads % a.n_kv_heads != 0) return cudaErrorInvalidValue;
+  const int G = a.n_q_heads / a.n_kv_heads;
+  if (G < 1 || G > kDecodeMaxGroup) return cudaErrorInvalidValue;
+  if (a.block_size <= 0 || a.block_size % kDecTile != 0) return cudaErrorInvalidValue;
+  if (a.max_splits < 1 || a.max_splits > kDecMaxSplits) return cudaErrorInvalidValue;
+  if (a.n_seqs > 65535 || a.n_kv_heads > 65535) return cudaErrorInvalidValue;
+  if (a.out_q && (a.n_kv_heads != 1 || !a.out_scale)) return cudaErrorInvalidValue;
+  if (!a.out && !a.out_q) return cudaErrorInvalidValue;
+  if (!a.q || !a.k_cache || !a.v_cache || !a.q_row || !a.ctx_len || !a.bt_offset || !a.block_tables)
+    return cudaErrorInvalidValue;
+  if (a.max_splits > 1 && !a.workspace) return cudaErrorInvalidValue;
+  const DecTuning& tu = g_dec_tuning;
+  DecParams p{};
+  p.G = G;
+  p.min_chunk = std::max(kDecTile, tu.min_chunk / kDecTile * kDecTile);
+  p.direct_max = std::max(1, std::min(tu.direct_max, kDecMaxMerge));
+  if (a.max_splits > 1) {
+    const DecWsLayout w = dec_ws_layout(a.n_seqs, G, a.n_kv_heads, a.max_splits);
+    char* base = static_cast<char*>(a.workspace);
+    p.gmax = w.gmax;
+    p.counters = reinterpret_cast<int*>(base + w.counters);
+    p.po = reinterpret_cast<float*>(base + w.po);
+    p.pml = reinterpret_cast<float2*>(base + w.pml);
+    p.go = reinterpret_cast<float*>(base + w.go);
+    p.gml = reinterpret_cast<float2*>(base + w.gml);
+  }
+  switch (tu.stages) {
+    case 2: return dec_launch<2>(a, p, st);
+    case 4: return dec_launch<4>(a, p, st);
+    default: return dec_launch<3>(a, p, st);
+  }
+}
+
+// Test / bench hook (not in kernels.h; attn_check declares it): the launch
+// knobs of attention_decode. Not thread-safe; the runtime never calls it.
+struct DecodeAttnTuning {
+  int stages, min_chunk, direct_max, ctas_per_sm;
+};
+void decode_attention_get_tuning(DecodeAttnTuning* t) {
+  *t = {g_dec_tuning.stages, g_dec_tuning.min_chunk, g_dec_tuning.direct_max, g_dec_tuning.ctas_per_sm};
+}
+void decode_attention_set_tuning(const DecodeAttnTuning* t) {
+  if (!t) {
+    g_dec_tuning = DecTuning{};
+    return;
+  }
+  g_dec_tuning.stages = t->stages;
+  g_dec_tuning.min_chunk = t->min_chunk;
+  g_dec_tuning.direct_max = t->direct_max;
+  g_dec_tuning.ctas_per_sm = t->ctas_per_sm;
 }
 
 }  // namespace glmk

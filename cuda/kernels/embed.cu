@@ -13,6 +13,25 @@ __global__ void embed_kernel(const __nv_bfloat16* __restrict__ table, const int*
   for (int c = threadIdx.x; c < H / 2; c += blockDim.x) out[c] = __bfloat1622float2(row[c]);
 }
 
+// 16-byte path (H % 8 == 0): 8 BF16 per thread -> two float4 stores, the row
+// split over gridDim.y CTAs of kEmbedThreads threads (one chunk each).
+constexpr int kEmbedThreads = 128;
+
+__global__ void __launch_bounds__(kEmbedThreads) embed_vec_kernel(
+    const __nv_bfloat16* __restrict__ table, const int* __restrict__ ids, int H,
+    float* __restrict__ h) {
+  const int t = blockIdx.x;
+  const int c = blockIdx.y * kEmbedThreads + threadIdx.x;  // 8-element chunk
+  if (c >= H / 8) return;
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(table + (int64_t)ids[t] * H) + c);
+  const __nv_bfloat162* b = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  const float2 f0 = __bfloat1622float2(b[0]), f1 = __bfloat1622float2(b[1]);
+  const float2 f2 = __bfloat1622float2(b[2]), f3 = __bfloat1622float2(b[3]);
+  float4* out = reinterpret_cast<float4*>(h + (int64_t)t * H) + 2 * c;
+  out[0] = make_float4(f0.x, f0.y, f1.x, f1.y);
+  out[1] = make_float4(f2.x, f2.y, f3.x, f3.y);
+}
+
 __global__ void interleave_kernel(const float* __restrict__ parts, int tp, int rows, int vl,
                                   float* __restrict__ out) {
   const int64_t total = (int64_t)tp * rows * vl;
@@ -31,7 +50,12 @@ cudaError_t embed_gather(const __nv_bfloat16* table, const int* ids, int T, int 
                          cudaStream_t st) {
   if (T <= 0) return cudaSuccess;
   if (H % 2 != 0) return cudaErrorInvalidValue;
-  embed_kernel<<<T, 256, 0, st>>>(table, ids, H, h);
+  if (H % 8 == 0 && (uintptr_t)table % 16 == 0 && (uintptr_t)h % 16 == 0) {
+    const dim3 grid(T, (H / 8 + kEmbedThreads - 1) / kEmbedThreads);
+    embed_vec_kernel<<<grid, kEmbedThreads, 0, st>>>(table, ids, H, h);
+  } else {
+    embed_kernel<<<T, 256, 0, st>>>(table, ids, H, h);
+  }
   return cudaGetLastError();
 }
 

@@ -715,11 +715,24 @@ done:
   return err;
 }
 
+namespace {
+// cublasSetStream also resets the handle's workspace to cuBLAS's own pool, so
+// it is called only when the stream changes: a workspace set with
+// cublasSetWorkspace (the runtime's, so that nothing is allocated while a step
+// is captured into a CUDA graph) then stays.
+cublasStatus_t use_stream(cublasHandle_t h, cudaStream_t st) {
+  cudaStream_t cur = nullptr;
+  cublasStatus_t s = cublasGetStream(h, &cur);
+  if (s != CUBLAS_STATUS_SUCCESS || cur == st) return s;
+  return cublasSetStream(h, st);
+}
+}  // namespace
+
 std::string gemm_bf16_nt(cublasHandle_t h, const __nv_bfloat16* A, const __nv_bfloat16* B,
                          float* C, int M, int N, int K, cudaStream_t st) {
   // Column-major: C^T[N, M] = B[N,K] (stored K x N, op T) * A^T (stored K x M, op N).
   const float alpha = 1.0f, beta = 0.0f;
-  cublasStatus_t s = cublasSetStream(h, st);
+  cublasStatus_t s = use_stream(h, st);
   if (s != CUBLAS_STATUS_SUCCESS) return lt_err("cublasSetStream", s);
   s = cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, B, CUDA_R_16BF, K, A,
                    CUDA_R_16BF, K, &beta, C, CUDA_R_32F, N, CUBLAS_COMPUTE_32F,
@@ -731,7 +744,7 @@ std::string gemm_bf16_nt(cublasHandle_t h, const __nv_bfloat16* A, const __nv_bf
 std::string gemm_f32_nt(cublasHandle_t h, const float* A, const float* B, float* C, int M, int N,
                         int K, cudaStream_t st) {
   const float alpha = 1.0f, beta = 0.0f;
-  cublasStatus_t s = cublasSetStream(h, st);
+  cublasStatus_t s = use_stream(h, st);
   if (s != CUBLAS_STATUS_SUCCESS) return lt_err("cublasSetStream", s);
   s = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, N, M, K, &alpha, B, K, A, K, &beta, C, N);
   if (s != CUBLAS_STATUS_SUCCESS) return lt_err("cublasSgemm(FP32 NT)", s);

@@ -54,6 +54,7 @@ cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st);
 // the paged caches at slot slots[t]: cache[(block*n_kv_heads + kvh)*block_size + off][d]
 // (FP32 caches with kv_f32: the validation precision of the runtime).
 // qkv row layout: [q heads | k heads | v heads], each head_dim wide. head_dim == 128.
+// A token whose slot is < 0 (a padding row of a captured batch) writes q only.
 struct QkRopeArgs {
   const float* qkv = nullptr;
   int T = 0, n_q_heads = 0, n_kv_heads = 0, head_dim = 128, rot_dim = 64;
@@ -125,6 +126,48 @@ bool plan_attention(const AttnSeqDesc* seqs, int n_seqs, int G, AttnPlan* plan, 
 cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads,
                             const float* part_o, const float* part_ml, float* out,
                             cudaStream_t st);
+
+// ------------------------------------------------------ attention.cu: decode
+// Decode attention (flash-decoding) over the paged BF16 KV cache: one query
+// token per sequence; all G = n_q_heads / n_kv_heads query heads of a KV head
+// in one CTA, so each KV byte is read once; tensor cores (bf16 mma) for QK^T
+// and PV; the keys of a (sequence, KV head) split over up to max_splits CTAs
+// whose partial results are combined inside the same launch. Everything that
+// changes from step to step (context lengths, block tables, rows) is read from
+// device memory: the launch depends only on n_seqs, n_kv_heads and max_splits,
+// so it can be captured in a CUDA graph once per batch size and replayed.
+// Prefill chunks (several query tokens of a sequence) use attention_paged.
+constexpr int kDecodeMaxGroup = 16;  // query heads per KV head the decode kernel takes
+struct DecodeAttnArgs {
+  const float* q = nullptr;                // [rows, n_q_heads, 128] FP32, RoPE applied
+  const __nv_bfloat16* k_cache = nullptr;  // [blocks][n_kv_heads][block_size][128]
+  const __nv_bfloat16* v_cache = nullptr;
+  int block_size = 16;                     // a multiple of 16
+  int n_q_heads = 0, n_kv_heads = 0;       // n_q_heads / n_kv_heads <= kDecodeMaxGroup
+  float scale = 0;                         // softmax scale, 1/sqrt(128)
+  int n_seqs = 0;                          // sequences (host; part of the launch shape)
+  const int* q_row = nullptr;              // [n_seqs] row of the sequence's query in q and out
+  const int* ctx_len = nullptr;            // [n_seqs] attend to keys 0..ctx_len-1 (the new
+                                           // token's included); 0: the out row is written as zeros
+  const int* bt_offset = nullptr;          // [n_seqs] offset of the sequence's table in block_tables
+  const int* block_tables = nullptr;
+  int max_splits = 1;                      // most CTAs per (sequence, KV head) (host)
+  float* out = nullptr;                    // [rows, n_q_heads * 128] FP32
+  // Optional, only with n_kv_heads == 1: also the row quantized to FP8 exactly as
+  // quant_rows_fp8 does (scale max(amax/448, 1/(448*512)), e4m3 RNE of y/scale).
+  uint8_t* out_q = nullptr;                // [rows, n_q_heads * 128]
+  float* out_scale = nullptr;              // [rows]
+  void* workspace = nullptr;               // decode_attention_workspace_bytes(...) bytes, zeroed
+                                           // once after allocation; each launch leaves it reusable
+};
+// Split policy (host): the most CTAs per (sequence, KV head) for a batch of
+// n_seqs on num_sms multiprocessors. Independent of context lengths, which the
+// kernel reads on the device (short contexts use fewer of the splits).
+int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms);
+size_t decode_attention_workspace_bytes(int n_seqs, int n_q_heads, int n_kv_heads, int max_splits);
+// cudaErrorInvalidValue for shapes it does not take (block_size % 16, G > kDecodeMaxGroup,
+// out_q with n_kv_heads != 1, ...): the caller then uses attention_paged.
+cudaError_t attention_decode(const DecodeAttnArgs& a, cudaStream_t st);
 
 // ----------------------------------------------------------------- gemm.cu
 // FP8 linear y[r, n] = (sum_k xq[r,k] * W[n,k]) * xs[r] * ws[n] + bias[n].
@@ -227,8 +270,41 @@ struct RouterArgs {
   int* ids = nullptr;
   float* w = nullptr;
   int* topk_global = nullptr;
+  // Padding rows of a captured batch-size bucket: tokens t >= *n_valid get
+  // ids -1 and weight 0 in every slot (the shared one too), so no expert sees
+  // them. Null: all T rows are real.
+  const int* n_valid = nullptr;
 };
 cudaError_t router_topk(const RouterArgs& a, cudaStream_t st);
+
+// The router in one launch for decode-sized batches: logits = x · W^T in FP32
+// (W the [E, H] FP32 router), router_topk's selection on them (sel.logits is
+// unused; sel.ids / sel.w / sel.n_valid / sel.topk_global as in router_topk),
+// then moe_align's sort of the selected (token, slot) pairs into offsets /
+// sorted_rows / inv. T <= kRouterFusedMaxT, H % 4 == 0, x and W 16-byte aligned.
+// workspace: router_fused_workspace_bytes(T, E) bytes, zeroed once after
+// allocation; each launch leaves it reusable (launches on one stream, or in a
+// graph, may share it). The size is non-decreasing in T and stops growing at
+// T = 256, so one workspace sized for the largest T serves every smaller T.
+// Logits are summed in a fixed order (ids / w deterministic); as with moe_align,
+// the order of the rows inside a group of sorted_rows is not.
+constexpr int kRouterFusedMaxT = 2048;
+struct RouterFusedArgs {
+  RouterArgs sel;
+  const float* x = nullptr;  // [T, H]
+  const float* W = nullptr;  // [E, H]
+  int H = 0;
+  int n_groups = 0;          // local expert groups (moe_align's n_groups)
+  int* offsets = nullptr;    // [n_groups + 1]
+  int* sorted_rows = nullptr;
+  int* inv = nullptr;
+  void* workspace = nullptr;
+};
+// Whether router_fused is the faster choice for this shape (else cuBLAS +
+// router_topk + moe_align).
+bool router_fused_supported(int T, int E, int H);
+size_t router_fused_workspace_bytes(int T, int E);
+cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st);
 
 // Sort (token, slot) pairs by local expert: offsets[G+1], sorted_rows[pos] =
 // token, inv[t*slots+j] = pos (or -1 for non-local slots). One block.
@@ -236,8 +312,9 @@ cudaError_t moe_align(const int* ids, int T, int slots, int n_groups, int* offse
                       int* sorted_rows, int* inv, cudaStream_t st);
 
 // delta[t, :] = sum_j w[t*slots+j] * y[inv[t*slots+j], :]   (inv < 0 skipped)
+//              (+ add[t, :], last, when add is set: the shared expert run as a dense MLP)
 cudaError_t moe_combine(const float* y, const int* inv, const float* w, int T, int slots, int H,
-                        float* delta, cudaStream_t st);
+                        float* delta, cudaStream_t st, const float* add = nullptr);
 
 // ---------------------------------------------------------------- embed.cu
 // h[t, :] = float(table[ids[t], :])

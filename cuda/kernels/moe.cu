@@ -28,19 +28,32 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
   }
 }
 
-__global__ void router_kernel(RouterArgs a) {
+// Router selection of token t by one warp (all lanes): lg(e) returns the FP32
+// logit of expert e (only called for e < E). Rows t >= *n_valid get ids -1 and
+// weight 0 in every slot. EPL: experts per lane the loops cover (E <= 32 * EPL);
+// a smaller EPL only drops loop iterations that have no expert, the arithmetic
+// and its order are the same for every EPL.
+template <int EPL, typename Logit>
+__device__ __forceinline__ void route_token(const RouterArgs& a, int t, Logit lg) {
   const int lane = threadIdx.x & 31;
-  const int t = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
-  if (t >= a.T) return;
-  const float* lg = a.logits + (int64_t)t * a.E;
-  float sc[kMaxExpertsPerLane], sel[kMaxExpertsPerLane];
+  const int slots = a.slots > 0 ? a.slots : a.top_k + (a.shared_local >= 0 ? 1 : 0);
+  if (a.n_valid && t >= *a.n_valid) {
+    for (int j = lane; j < slots; j += 32) {
+      a.ids[(int64_t)t * slots + j] = -1;
+      a.w[(int64_t)t * slots + j] = 0.f;
+    }
+    if (a.topk_global)
+      for (int j = lane; j < a.top_k; j += 32) a.topk_global[(int64_t)t * a.top_k + j] = -1;
+    return;
+  }
+  float sc[EPL], sel[EPL];
 #pragma unroll
-  for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+  for (int j = 0; j < EPL; ++j) {
     const int e = lane + 32 * j;
     sc[j] = 0.f;
     sel[j] = -INFINITY;
     if (e < a.E) {
-      sc[j] = 1.0f / (1.0f + expf(-lg[e]));
+      sc[j] = 1.0f / (1.0f + expf(-lg(e)));
       sel[j] = sc[j] + a.bias[e];
     }
   }
@@ -54,7 +67,7 @@ __global__ void router_kernel(RouterArgs a) {
         float v = -INFINITY;
         int idx = 0x7fffffff;
 #pragma unroll
-        for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+        for (int j = 0; j < EPL; ++j) {
           const int e = lane + 32 * j;
           if (e < a.E && e / gsz == gi && e != taken && better(sel[j], e, v, idx)) {
             v = sel[j];
@@ -75,14 +88,13 @@ __global__ void router_kernel(RouterArgs a) {
       keep |= 1u << idx;
     }
 #pragma unroll
-    for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+    for (int j = 0; j < EPL; ++j) {
       const int e = lane + 32 * j;
       if (e < a.E && !((keep >> (e / gsz)) & 1)) sel[j] = -INFINITY;  // transformers 5.x: -inf
     }
   }
   // Top-k by the (biased, group-masked) selection score.
   uint32_t taken = 0;  // bit j: expert lane+32j already selected
-  const int slots = a.slots > 0 ? a.slots : a.top_k + (a.shared_local >= 0 ? 1 : 0);
   float wsum = 0.f, my_w = 0.f;
   int my_e = -1;
   for (int k = 0; k < a.top_k; ++k) {
@@ -90,7 +102,7 @@ __global__ void router_kernel(RouterArgs a) {
     int idx = 0x7fffffff;
     float s_of = 0.f;
 #pragma unroll
-    for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+    for (int j = 0; j < EPL; ++j) {
       const int e = lane + 32 * j;
       if (e < a.E && !((taken >> j) & 1) && better(sel[j], e, v, idx)) {
         v = sel[j];
@@ -128,33 +140,84 @@ __global__ void router_kernel(RouterArgs a) {
   }
 }
 
-constexpr int kAlignThreads = 1024;
-constexpr int kMaxGroups = 1024;
+template <int EPL>
+__global__ void router_kernel(RouterArgs a) {
+  const int t = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
+  if (t >= a.T) return;
+  const float* lg = a.logits + (int64_t)t * a.E;
+  route_token<EPL>(a, t, [&](int e) { return lg[e]; });
+}
 
-__global__ void align_kernel(const int* __restrict__ ids, int n, int slots, int G,
-                             int* __restrict__ offsets, int* __restrict__ sorted_rows,
-                             int* __restrict__ inv) {
-  __shared__ int cnt[kMaxGroups];
-  __shared__ int cur[kMaxGroups];
-  for (int i = threadIdx.x; i < G; i += blockDim.x) cnt[i] = 0;
+// Experts per lane of the router loops: 1 (E <= 32), 5 (E <= 160), 16 (E <= 512).
+inline int router_epl(int E) { return E <= 32 ? 1 : E <= 160 ? 5 : kMaxExpertsPerLane; }
+
+constexpr int kMaxGroups = 1024;
+constexpr int kAlignRegs = 8;  // ids per thread kept in registers between the two passes
+
+// Counting sort of the n = T*slots (token, slot) pairs by group, by one whole
+// block (any size, a multiple of 32): offsets[G+1], sorted_rows[pos] = token,
+// inv[i] = pos or -1. cnt/cur: shared arrays of G ints. Positions inside a
+// group follow shared-memory atomics (any order); counts and offsets are exact.
+// CG: read ids through L2 (ids written by other CTAs of the same launch).
+template <bool CG>
+__device__ void align_block(const int* ids, int n, int slots, int G, int* __restrict__ offsets,
+                            int* __restrict__ sorted_rows, int* __restrict__ inv, int* cnt,
+                            int* cur) {
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int lane = tid & 31, warp = tid >> 5;
+  auto ld = [&](int i) { return CG ? __ldcg(ids + i) : ids[i]; };
+  for (int i = tid; i < G; i += nt) cnt[i] = 0;
+  int my[kAlignRegs];
+#pragma unroll
+  for (int k = 0; k < kAlignRegs; ++k) {
+    const int i = tid + k * nt;
+    my[k] = i < n ? ld(i) : -1;
+  }
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int e = ids[i];
+#pragma unroll
+  for (int k = 0; k < kAlignRegs; ++k)
+    if (my[k] >= 0 && my[k] < G) atomicAdd(&cnt[my[k]], 1);
+  for (int i = tid + kAlignRegs * nt; i < n; i += nt) {
+    const int e = ld(i);
     if (e >= 0 && e < G) atomicAdd(&cnt[e], 1);
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int run = 0;
-    for (int g = 0; g < G; ++g) {
-      offsets[g] = run;
-      cur[g] = run;
-      run += cnt[g];
+  if (warp == 0) {  // exclusive scan of the counts, 32 groups at a time
+    int carry = 0;
+    for (int base = 0; base < G; base += 32) {
+      const int g = base + lane;
+      const int c = g < G ? cnt[g] : 0;
+      int incl = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      if (g < G) {
+        offsets[g] = carry + incl - c;
+        cur[g] = carry + incl - c;
+      }
+      carry += __shfl_sync(0xffffffffu, incl, 31);
     }
-    offsets[G] = run;
+    if (lane == 0) offsets[G] = carry;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const int e = ids[i];
+#pragma unroll
+  for (int k = 0; k < kAlignRegs; ++k) {
+    const int i = tid + k * nt;
+    if (i < n) {
+      const int e = my[k];
+      if (e >= 0 && e < G) {
+        const int pos = atomicAdd(&cur[e], 1);
+        sorted_rows[pos] = i / slots;
+        inv[i] = pos;
+      } else {
+        inv[i] = -1;
+      }
+    }
+  }
+  for (int i = tid + kAlignRegs * nt; i < n; i += nt) {
+    const int e = ld(i);
     if (e >= 0 && e < G) {
       const int pos = atomicAdd(&cur[e], 1);
       sorted_rows[pos] = i / slots;
@@ -165,13 +228,49 @@ __global__ void align_kernel(const int* __restrict__ ids, int n, int slots, int 
   }
 }
 
-__global__ void combine_kernel(const float* __restrict__ y, const int* __restrict__ inv,
-                               const float* __restrict__ w, int slots, int H,
-                               float* __restrict__ delta) {
+__global__ void align_kernel(const int* __restrict__ ids, int n, int slots, int G,
+                             int* __restrict__ offsets, int* __restrict__ sorted_rows,
+                             int* __restrict__ inv) {
+  __shared__ int cnt[kMaxGroups];
+  __shared__ int cur[kMaxGroups];
+  align_block<false>(ids, n, slots, G, offsets, sorted_rows, inv, cnt, cur);
+}
+
+// delta[t, c4] = sum_j w_j * y[inv_j, c4]: one float4 column per thread, the row
+// split over gridDim.y CTAs; every slot's load issued before the sum, which
+// runs over the slots in order with the same FMAs as before (bit-identical).
+constexpr int kCombineThreads = 128;
+constexpr int kCombineMaxSlots = 16;
+
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(
+    const float* __restrict__ y, const int* __restrict__ inv, const float* __restrict__ w,
+    int slots, int H, const float* __restrict__ add, float* __restrict__ delta) {
   const int t = blockIdx.x;
   const int n4 = H / 4;
-  for (int c = threadIdx.x; c < n4; c += blockDim.x) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  const int c = blockIdx.y * kCombineThreads + threadIdx.x;
+  if (c >= n4) return;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (slots <= kCombineMaxSlots) {
+    int p[kCombineMaxSlots];
+    float wj[kCombineMaxSlots];
+    float4 v[kCombineMaxSlots];
+#pragma unroll
+    for (int j = 0; j < kCombineMaxSlots; ++j) {
+      p[j] = j < slots ? __ldg(inv + (int64_t)t * slots + j) : -1;
+      wj[j] = j < slots ? __ldg(w + (int64_t)t * slots + j) : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kCombineMaxSlots; ++j)
+      if (p[j] >= 0) v[j] = __ldg(reinterpret_cast<const float4*>(y + (int64_t)p[j] * H) + c);
+#pragma unroll
+    for (int j = 0; j < kCombineMaxSlots; ++j) {
+      if (p[j] < 0) continue;
+      acc.x += wj[j] * v[j].x;
+      acc.y += wj[j] * v[j].y;
+      acc.z += wj[j] * v[j].z;
+      acc.w += wj[j] * v[j].w;
+    }
+  } else {
     for (int j = 0; j < slots; ++j) {
       const int p = inv[(int64_t)t * slots + j];
       if (p < 0) continue;
@@ -182,8 +281,289 @@ __global__ void combine_kernel(const float* __restrict__ y, const int* __restric
       acc.z += wj * v.z;
       acc.w += wj * v.w;
     }
-    reinterpret_cast<float4*>(delta + (int64_t)t * H)[c] = acc;
   }
+  if (add) {  // the shared expert's output, computed apart, last (where its slot would be)
+    const float4 v = __ldg(reinterpret_cast<const float4*>(add + (int64_t)t * H) + c);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  reinterpret_cast<float4*>(delta + (int64_t)t * H)[c] = acc;
+}
+
+// ------------------------------------------------------------ fused router
+// One launch: logits x·W^T (FP32 FMA, K split over lanes, warps and CTAs),
+// selection, and the align sort.
+//   Phase 1 (every CTA): a tile of RM tokens x WN*4 experts x one K chunk (WK
+//     warps along K, each a 4-expert x RM-token register tile with lanes
+//     striding K by float4). Warp sums by a transposed butterfly, warps along
+//     K summed in shared memory in fixed order; partial logits to the
+//     workspace [ks][t][e].
+//   Phase 2 (the last CTA of a token tile, by a counter): partials summed in ks
+//     order (deterministic logits), one warp per token runs route_token.
+//   Phase 3 (the last token tile, by a second counter): align_block over all
+//     ids. Each counter is reset by the CTA that saw it complete, so the next
+//     launch (or graph replay) starts from zero.
+constexpr int kRfThreads = 256;
+constexpr int kRfRN = 4;      // experts per warp tile
+constexpr int kRfMaxKs = 32;  // K splits over CTAs
+constexpr int kRfMaxRM = 8;
+
+struct RfShape {
+  int RM, WN, WK;   // tokens per tile, warps along experts / along K
+  int n_tt, n_et, n_ks;
+  int kw;           // K elements per warp (multiple of 128)
+};
+
+__host__ __device__ inline int rf_rm(int T) { return T <= 1 ? 1 : T <= 4 ? 2 : T <= 16 ? 4 : 8; }
+// Partial-logit capacity of a workspace for T tokens, in rows of E floats:
+// non-decreasing in T and constant from T = 256 on (2048 rows), so a workspace
+// sized for any T_max serves every T <= min(T_max, kRouterFusedMaxT); the plan
+// keeps n_ks * T within it.
+inline int64_t rf_partial_rows(int T) {
+  const int64_t t = T < 256 ? T : 256;
+  const int64_t a = 32 * (t < 16 ? t : 16), b = 8 * t;
+  return a > b ? a : b;
+}
+// Workspace: [0] the token-tile completion counter, [1 .. kRfMaxTiles] one
+// counter per token tile, then the partial logits. The header has a fixed size
+// so that calls with different T can share one workspace.
+constexpr int kRfMaxTiles = 1023;
+constexpr size_t kRfHeaderBytes = (kRfMaxTiles + 1) * sizeof(int);
+
+__device__ __forceinline__ float4 ld_nc_na_f4(const float* p) {
+  float4 r;
+  asm("ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];"
+      : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
+      : "l"(p));
+  return r;
+}
+
+// Sum of v[0..N) across the warp, N a power of two <= 32: lane l returns the
+// total of v[l >> (5 - log2 N)] (N/2 + N/4 + ... shuffles, then a butterfly).
+// Stage with n values at xor distance O: the lane with bit O set keeps the upper
+// half of its values plus its partner's upper half (compile-time indices only).
+template <int n, int O>
+__device__ __forceinline__ void wts_stage(float* v, bool upper) {
+#pragma unroll
+  for (int i = 0; i < n / 2; ++i) {
+    const float keep = upper ? v[i + n / 2] : v[i];
+    const float send = upper ? v[i] : v[i + n / 2];
+    v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+  }
+}
+template <int N>
+__device__ __forceinline__ float warp_transpose_sum(float (&v)[N]) {
+  static_assert(N == 1 || N == 2 || N == 4 || N == 8 || N == 16 || N == 32, "N");
+  const int lane = threadIdx.x & 31;
+  // The stage with n values exchanges at distance 16 * n / N.
+  if constexpr (N >= 32) wts_stage<32, 16 * 32 / N>(v, lane & (16 * 32 / N));
+  if constexpr (N >= 16) wts_stage<16, 16 * 16 / N>(v, lane & (16 * 16 / N));
+  if constexpr (N >= 8) wts_stage<8, 16 * 8 / N>(v, lane & (16 * 8 / N));
+  if constexpr (N >= 4) wts_stage<4, 16 * 4 / N>(v, lane & (16 * 4 / N));
+  if constexpr (N >= 2) wts_stage<2, 16 * 2 / N>(v, lane & (16 * 2 / N));
+  float r = v[0];
+#pragma unroll
+  for (int o = 16 / N; o >= 1; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+
+template <int N>
+struct Log2 {
+  static constexpr int value = N <= 1 ? 0 : 1 + Log2<N / 2>::value;
+};
+template <>
+struct Log2<1> {
+  static constexpr int value = 0;
+};
+
+// Sum the n_ks partials of `items` consecutive logits starting at p (stride
+// T*E between splits) into out[], IPR items per thread per round, all of a
+// round's loads in flight together; each sum runs over ks in order.
+template <int IPR, int KS>
+__device__ __forceinline__ void rf_sum_partials(const float* p, int64_t stride, int n_ks,
+                                                int items, float* out) {
+  const int nt = blockDim.x;
+  for (int base = threadIdx.x; base < items; base += nt * IPR) {
+    float v[IPR][KS];
+#pragma unroll
+    for (int q = 0; q < IPR; ++q) {
+      const int it = base + q * nt;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+        v[q][ks] = (it < items && ks < n_ks) ? __ldcg(p + ks * stride + it) : 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < IPR; ++q) {
+      const int it = base + q * nt;
+      if (it < items) {
+        float sum = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+          if (ks < n_ks) sum += v[q][ks];
+        out[it] = sum;
+      }
+    }
+  }
+}
+
+template <int RM, int EPL>
+__global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFusedArgs a, RfShape sh) {
+  constexpr int N = RM * kRfRN;
+  __shared__ float s_red[kRfThreads / 32][N];
+  __shared__ float s_lg[kRfMaxRM * 32 * kMaxExpertsPerLane];
+  __shared__ int s_cnt[kMaxGroups], s_cur[kMaxGroups];
+  __shared__ int s_last;
+  const RouterArgs& r = a.sel;
+  const int T = r.T, E = r.E, H = a.H;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  int* done_cnt = static_cast<int*>(a.workspace);
+  int* tile_cnt = done_cnt + 1;
+  float* part = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kRfHeaderBytes);
+  const int et = blockIdx.x % sh.n_et;
+  const int ks = (blockIdx.x / sh.n_et) % sh.n_ks;
+  const int tt = blockIdx.x / (sh.n_et * sh.n_ks);
+  int nv = T;
+  if (r.n_valid) {
+    nv = *r.n_valid;
+    nv = nv < 0 ? 0 : nv > T ? T : nv;
+  }
+  const int t0 = tt * RM;
+  const int tn = nv - t0 < RM ? nv - t0 : RM;  // live tokens of this tile (<= 0: none)
+
+  // ---- phase 1: partial logits of the tile
+  if (tn > 0) {
+    const int wn = warp % sh.WN, wk = warp / sh.WN;
+    if (wk < sh.WK) {
+      float acc[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] = 0.f;
+      const int e0 = (et * sh.WN + wn) * kRfRN;
+      const int kb = (ks * sh.WK + wk) * sh.kw;
+      const int ke = kb + sh.kw < H ? kb + sh.kw : H;
+      const float* xr[RM];
+      const float* wr[kRfRN];
+#pragma unroll
+      for (int m = 0; m < RM; ++m) xr[m] = a.x + (int64_t)(t0 + m < T ? t0 + m : T - 1) * H;
+#pragma unroll
+      for (int n = 0; n < kRfRN; ++n) wr[n] = a.W + (int64_t)(e0 + n < E ? e0 + n : E - 1) * H;
+      constexpr int kUnroll = RM <= 4 ? 2 : 1;
+#pragma unroll kUnroll
+      for (int k = kb + lane * 4; k < ke; k += 128) {
+        float4 wv[kRfRN], xv[RM];
+#pragma unroll
+        for (int n = 0; n < kRfRN; ++n) wv[n] = ld_nc_na_f4(wr[n] + k);
+#pragma unroll
+        for (int m = 0; m < RM; ++m) xv[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + k));
+#pragma unroll
+        for (int m = 0; m < RM; ++m)
+#pragma unroll
+          for (int n = 0; n < kRfRN; ++n) {
+            float s = acc[m * kRfRN + n];
+            s = fmaf(xv[m].x, wv[n].x, s);
+            s = fmaf(xv[m].y, wv[n].y, s);
+            s = fmaf(xv[m].z, wv[n].z, s);
+            s = fmaf(xv[m].w, wv[n].w, s);
+            acc[m * kRfRN + n] = s;
+          }
+      }
+      const float tot = warp_transpose_sum<N>(acc);
+      constexpr int kShift = 5 - Log2<N>::value;
+      if ((lane & ((1 << kShift) - 1)) == 0) s_red[warp][lane >> kShift] = tot;
+    }
+    __syncthreads();
+    // Tile outputs: WN x N values, summed over the WK warps along K in order.
+    if (tid < sh.WN * N) {
+      const int wn = tid / N, idx = tid % N;
+      const int m = idx / kRfRN, n = idx % kRfRN;
+      const int t = t0 + m, e = (et * sh.WN + wn) * kRfRN + n;
+      float sum = s_red[wn][idx];
+      for (int wk = 1; wk < sh.WK; ++wk) sum += s_red[wk * sh.WN + wn][idx];
+      if (m < tn && e < E) part[((int64_t)ks * T + t) * E + e] = sum;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int old = atomicAdd(&tile_cnt[tt], 1);
+    s_last = old == sh.n_et * sh.n_ks - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+
+  // ---- phase 2: this CTA finished the token tile last: selection
+  __threadfence();
+  if (tid == 0) tile_cnt[tt] = 0;
+  if (tn > 0) {
+    const float* p = part + (int64_t)t0 * E;
+    const int64_t stride = (int64_t)T * E;
+    const int items = tn * E;
+    if (sh.n_ks <= 8) rf_sum_partials<4, 8>(p, stride, sh.n_ks, items, s_lg);
+    else if (sh.n_ks <= 16) rf_sum_partials<2, 16>(p, stride, sh.n_ks, items, s_lg);
+    else rf_sum_partials<1, kRfMaxKs>(p, stride, sh.n_ks, items, s_lg);
+  }
+  __syncthreads();
+  for (int m = warp; m < RM; m += kRfThreads / 32) {
+    const int t = t0 + m;
+    if (t >= T) break;
+    const float* lg = s_lg + m * E;
+    route_token<EPL>(r, t, [&](int e) { return lg[e]; });
+  }
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const int old = atomicAdd(done_cnt, 1);
+    s_last = old == sh.n_tt - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+
+  // ---- phase 3: every token's ids are written: align
+  __threadfence();
+  if (tid == 0) *done_cnt = 0;
+  const int slots = r.slots > 0 ? r.slots : r.top_k + (r.shared_local >= 0 ? 1 : 0);
+  align_block<true>(r.ids, T * slots, slots, a.n_groups, a.offsets, a.sorted_rows, a.inv, s_cnt,
+                    s_cur);
+}
+
+int rf_num_sms() {
+  static int cached[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cached[dev] <= 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
+      n = 132;
+    cached[dev] = n;
+  }
+  return cached[dev];
+}
+
+RfShape rf_plan(int T, int E, int H, int num_sms) {
+  RfShape s;
+  s.RM = rf_rm(T);
+  const int et4 = (E + kRfRN - 1) / kRfRN;
+  s.WN = et4 < 8 ? et4 : 8;
+  s.WK = 8 / s.WN;
+  s.n_tt = (T + s.RM - 1) / s.RM;
+  s.n_et = (et4 + s.WN - 1) / s.WN;
+  const int steps = (H + 127) / 128;  // 128-float steps of a warp along K
+  // At most two CTAs per SM (one wave at two resident CTAs per SM); at most
+  // 64 / RM splits (bounds the partials the selecting CTA sums) and no more
+  // than there are K steps. Rounding the steps per warp up only lowers n_ks.
+  int ks = 2 * num_sms / (s.n_tt * s.n_et);
+  const int ks_cap = (kRfMaxKs < 64 / s.RM ? kRfMaxKs : 64 / s.RM);
+  const int ks_steps = (steps + s.WK - 1) / s.WK;
+  const int64_t ks_ws = rf_partial_rows(T) / T;  // the workspace's room
+  if (ks > ks_cap) ks = ks_cap;
+  if (ks > ks_ws) ks = (int)ks_ws;
+  if (ks > ks_steps) ks = ks_steps;
+  if (ks < 1) ks = 1;
+  const int spw = (steps + ks * s.WK - 1) / (ks * s.WK);  // steps per warp
+  s.kw = spw * 128;
+  s.n_ks = (steps + spw * s.WK - 1) / (spw * s.WK);
+  return s;
 }
 
 }  // namespace
@@ -196,23 +576,80 @@ cudaError_t router_topk(const RouterArgs& a, cudaStream_t st) {
       a.topk_group <= 0 || a.topk_group > a.n_group ||
       (a.n_group > 1 && a.E / a.n_group < 2))
     return cudaErrorInvalidValue;
-  router_kernel<<<ceil_div(a.T, kRouterWarps), kRouterWarps * 32, 0, st>>>(a);
+  const int grid = ceil_div(a.T, kRouterWarps), threads = kRouterWarps * 32;
+  switch (router_epl(a.E)) {
+    case 1: router_kernel<1><<<grid, threads, 0, st>>>(a); break;
+    case 5: router_kernel<5><<<grid, threads, 0, st>>>(a); break;
+    default: router_kernel<kMaxExpertsPerLane><<<grid, threads, 0, st>>>(a); break;
+  }
+  return cudaGetLastError();
+}
+
+// A guess from the design (one launch and no logits round trip against three
+// launches; the SGEMM tail at T >= ~128 favours cuBLAS): small_check --bench
+// prints both paths for E = 20 and E = 160.
+bool router_fused_supported(int T, int E, int H) {
+  return T >= 1 && T <= 128 && T <= kRouterFusedMaxT && E >= 1 && E <= 32 * kMaxExpertsPerLane &&
+         H >= 4 && H % 4 == 0;
+}
+
+size_t router_fused_workspace_bytes(int T, int E) {
+  if (T < 1) T = 1;
+  if (E < 1) E = 1;
+  return kRfHeaderBytes + (size_t)rf_partial_rows(T) * E * sizeof(float);
+}
+
+cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st) {
+  const RouterArgs& r = a.sel;
+  if (r.T <= 0) return cudaSuccess;
+  if (r.T > kRouterFusedMaxT) return cudaErrorInvalidValue;
+  if (r.E <= 0 || r.E > 32 * kMaxExpertsPerLane || r.top_k <= 0 || r.top_k > 32 ||
+      r.top_k > r.E || r.slots < 0 || (r.slots > 0 && r.slots != r.top_k && r.slots != r.top_k + 1) ||
+      r.n_group <= 0 || r.n_group > 32 || r.E % r.n_group != 0 ||
+      r.topk_group <= 0 || r.topk_group > r.n_group ||
+      (r.n_group > 1 && r.E / r.n_group < 2) || !r.bias || !r.ids || !r.w)
+    return cudaErrorInvalidValue;
+  if (a.H <= 0 || a.H % 4 != 0 || !a.x || !a.W || (uintptr_t)a.x % 16 || (uintptr_t)a.W % 16 ||
+      a.n_groups <= 0 || a.n_groups > kMaxGroups || !a.offsets || !a.sorted_rows || !a.inv ||
+      !a.workspace || (uintptr_t)a.workspace % 16)
+    return cudaErrorInvalidValue;
+  const RfShape sh = rf_plan(r.T, r.E, a.H, rf_num_sms());
+  if (sh.n_tt > kRfMaxTiles) return cudaErrorInvalidValue;  // T > ~8000: not a decode batch
+  if ((int64_t)sh.n_ks * r.T > rf_partial_rows(r.T)) return cudaErrorInvalidValue;  // cannot happen
+  const int grid = sh.n_tt * sh.n_et * sh.n_ks;
+  const int epl = router_epl(r.E);
+#define GLMK_RF_LAUNCH(RM)                                                                 \
+  switch (epl) {                                                                           \
+    case 1: router_fused_kernel<RM, 1><<<grid, kRfThreads, 0, st>>>(a, sh); break;         \
+    case 5: router_fused_kernel<RM, 5><<<grid, kRfThreads, 0, st>>>(a, sh); break;         \
+    default: router_fused_kernel<RM, kMaxExpertsPerLane><<<grid, kRfThreads, 0, st>>>(a, sh); \
+  }
+  switch (sh.RM) {
+    case 1: GLMK_RF_LAUNCH(1) break;
+    case 2: GLMK_RF_LAUNCH(2) break;
+    case 4: GLMK_RF_LAUNCH(4) break;
+    default: GLMK_RF_LAUNCH(8) break;
+  }
+#undef GLMK_RF_LAUNCH
   return cudaGetLastError();
 }
 
 cudaError_t moe_align(const int* ids, int T, int slots, int n_groups, int* offsets,
                       int* sorted_rows, int* inv, cudaStream_t st) {
   if (n_groups <= 0 || n_groups > kMaxGroups) return cudaErrorInvalidValue;
-  align_kernel<<<1, kAlignThreads, 0, st>>>(ids, T * slots, slots, n_groups, offsets,
-                                            sorted_rows, inv);
+  const int n = T * slots;
+  // Decode sizes: a 256-thread block (its ids fit the registers); prefill: 1024.
+  const int threads = n <= 256 * kAlignRegs ? 256 : 1024;
+  align_kernel<<<1, threads, 0, st>>>(ids, n, slots, n_groups, offsets, sorted_rows, inv);
   return cudaGetLastError();
 }
 
 cudaError_t moe_combine(const float* y, const int* inv, const float* w, int T, int slots, int H,
-                        float* delta, cudaStream_t st) {
+                        float* delta, cudaStream_t st, const float* add) {
   if (T <= 0) return cudaSuccess;
   if (H % 4 != 0) return cudaErrorInvalidValue;
-  combine_kernel<<<T, 256, 0, st>>>(y, inv, w, slots, H, delta);
+  const dim3 grid(T, (H / 4 + kCombineThreads - 1) / kCombineThreads);
+  combine_kernel<<<grid, kCombineThreads, 0, st>>>(y, inv, w, slots, H, add, delta);
   return cudaGetLastError();
 }
 

@@ -42,21 +42,147 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
   if (threadIdx.x == 0) a.out_scale[i] = s;
 }
 
-// One warp per head; lane l holds dims 4l..4l+3 (head_dim 128).
-constexpr int kRopeWarps = 8;
+// Fast path: the row lives in registers (NV float4 per thread, hidden <= 8192
+// with 256 threads), h, delta and weight are each read once with 16-byte loads,
+// one block reduction for the sum of squares and one for the amax. Per element
+// the float operations are those of add_rmsnorm_kernel (v = h + delta,
+// y = weight * (h * r), s = max(amax / 448, min), q = e4m3(y / s)); only the
+// order of the sum of squares differs (r may move by an ulp).
+constexpr int kNormVecMax = 8;
+
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d, float s) {
+  return (uint32_t)f32_to_e4m3(a / s) | ((uint32_t)f32_to_e4m3(b / s) << 8) |
+         ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
+}
+
+template <int NV>
+__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_vec_kernel(AddNormArgs a) {
+  const int i = blockIdx.x;
+  const int src = a.row_index ? a.row_index[i] : i;
+  __shared__ float scratch[32];
+  const int n4 = a.hidden >> 2;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  float4* h4 = reinterpret_cast<float4*>(a.h + (int64_t)src * a.hidden);
+  const float4* d4 = a.delta ? reinterpret_cast<const float4*>(a.delta + (int64_t)src * a.hidden) : nullptr;
+  const float4* w4 = reinterpret_cast<const float4*>(a.weight);
+  float4 v[NV], w[NV];
+  // Every load is issued before the first store (h is written in place).
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) v[k] = h4[c];
+  }
+  if (d4) {
+    float4 d[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) d[k] = __ldg(d4 + c);
+    }
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) w[k] = __ldg(w4 + c);
+    }
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) {
+        v[k].x = v[k].x + d[k].x;
+        v[k].y = v[k].y + d[k].y;
+        v[k].z = v[k].z + d[k].z;
+        v[k].w = v[k].w + d[k].w;
+        h4[c] = v[k];
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) w[k] = __ldg(w4 + c);
+    }
+  }
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  ss = block_reduce(ss, scratch, SumOp());
+  const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
+  float amax = 0.f;
+  const int64_t orow = (int64_t)i * a.hidden;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) {
+      float4 y;
+      y.x = w[k].x * (v[k].x * r);
+      y.y = w[k].y * (v[k].y * r);
+      y.z = w[k].z * (v[k].z * r);
+      y.w = w[k].w * (v[k].w * r);
+      v[k] = y;
+      if (a.out_f32) reinterpret_cast<float4*>(a.out_f32 + orow)[c] = y;
+      if (a.out_bf16) {
+        __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(a.out_bf16 + orow) + 2 * c;
+        b[0] = __floats2bfloat162_rn(y.x, y.y);
+        b[1] = __floats2bfloat162_rn(y.z, y.w);
+      }
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
+    }
+  }
+  if (!a.out_q) return;
+  amax = block_reduce(amax, scratch, MaxOp());
+  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  uint32_t* q4 = reinterpret_cast<uint32_t*>(a.out_q + orow);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) q4[c] = pack_e4m3x4(v[k].x, v[k].y, v[k].z, v[k].w, s);
+  }
+  if (tid == 0) a.out_scale[i] = s;
+}
+
+template <int NV>
+static void launch_norm_vec(const AddNormArgs& a, int threads, cudaStream_t st) {
+  add_rmsnorm_vec_kernel<NV><<<a.rows, threads, 0, st>>>(a);
+}
+
+// One warp per head; lane l holds dims 4l..4l+3 (head_dim 128). A CTA takes one
+// token with one warp per head (up to kRopeMaxWarps, looping beyond). The RoPE
+// angles depend only on the token and the frequency index, so the CTA evaluates
+// each sincosf once (rot/2 of them) into shared memory instead of once per head
+// and dim pair (the same call on the same argument: identical values).
+constexpr int kRopeMaxWarps = 16;
+constexpr int kRopeMaxHalf = 64;  // rot_dim <= 128
 
 __global__ void qk_rope_kernel(QkRopeArgs a) {
+  __shared__ float s_cos[kRopeMaxHalf], s_sin[kRopeMaxHalf];
   const int t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_heads = a.n_q_heads + 2 * a.n_kv_heads;
+  const int nwarps = blockDim.x >> 5;
   const int pos = a.positions[t];
   const int slot = a.slots[t];
-  const int blk = slot / a.block_size, off = slot % a.block_size;
   const int half = a.rot_dim / 2;
+  // A padding token (slot < 0) writes q only: the cache is left untouched.
+  const int n_heads = slot < 0 ? a.n_q_heads : a.n_q_heads + 2 * a.n_kv_heads;
+  const float* row = a.qkv + (int64_t)t * (a.n_q_heads + 2 * a.n_kv_heads) * 128;
+  // The first head's row is loaded before the angle table, to overlap the two.
+  float4 v_next = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (warp < n_heads) v_next = reinterpret_cast<const float4*>(row + warp * 128)[lane];
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float ang = (float)pos * a.inv_freq[j];
+    float sn, cs;
+    sincosf(ang, &sn, &cs);
+    s_sin[j] = sn;
+    s_cos[j] = cs;
+  }
+  __syncthreads();
+  const int blk = slot / a.block_size, off = slot % a.block_size;
   const int q4 = half / 4;  // lane distance between a dim and its RoPE partner
-  const float* row = a.qkv + (int64_t)t * n_heads * 128;
-  for (int hd = warp; hd < n_heads; hd += kRopeWarps) {
-    float4 v = reinterpret_cast<const float4*>(row + hd * 128)[lane];
+  for (int hd = warp; hd < n_heads; hd += nwarps) {
+    float4 v = v_next;
+    if (hd + nwarps < n_heads) v_next = reinterpret_cast<const float4*>(row + (hd + nwarps) * 128)[lane];
     const bool is_q = hd < a.n_q_heads;
     const bool is_k = !is_q && hd < a.n_q_heads + a.n_kv_heads;
     if (is_q || is_k) {
@@ -85,10 +211,8 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
         float ps[4] = {px, py, pz, pw};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-          const int j = lane * 4 + i;
-          const float ang = (float)pos * a.inv_freq[j % half];
-          float sn, cs;
-          sincosf(ang, &sn, &cs);
+          const int j = (lane * 4 + i) % half;
+          const float cs = s_cos[j], sn = s_sin[j];
           xs[i] = xs[i] * cs + sgn * ps[i] * sn;
         }
         v = make_float4(xs[0], xs[1], xs[2], xs[3]);
@@ -116,7 +240,28 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
 cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
   if (a.rows <= 0) return cudaSuccess;
   if (a.out_q && !a.out_scale) return cudaErrorInvalidValue;
-  add_rmsnorm_kernel<<<a.rows, kNormThreads, 0, st>>>(a);
+  auto aligned = [](const void* p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; };
+  const int n4 = a.hidden / 4;
+  const bool vec = a.hidden > 0 && a.hidden % 4 == 0 && n4 <= kNormThreads * kNormVecMax &&
+                   aligned(a.h, 16) && aligned(a.delta, 16) && aligned(a.weight, 16) &&
+                   aligned(a.out_f32, 16) && aligned(a.out_bf16, 8) && aligned(a.out_q, 4);
+  if (!vec) {
+    add_rmsnorm_kernel<<<a.rows, kNormThreads, 0, st>>>(a);
+    return cudaGetLastError();
+  }
+  // One float4 per thread up to 256 of them (whole warps), else 256 threads x NV.
+  const int nv = (n4 + kNormThreads - 1) / kNormThreads;
+  const int threads = nv == 1 ? (n4 + 31) / 32 * 32 : kNormThreads;
+  switch (nv) {
+    case 1: launch_norm_vec<1>(a, threads, st); break;
+    case 2: launch_norm_vec<2>(a, threads, st); break;
+    case 3: launch_norm_vec<3>(a, threads, st); break;
+    case 4: launch_norm_vec<4>(a, threads, st); break;
+    case 5: launch_norm_vec<5>(a, threads, st); break;
+    case 6: launch_norm_vec<6>(a, threads, st); break;
+    case 7: launch_norm_vec<7>(a, threads, st); break;
+    default: launch_norm_vec<8>(a, threads, st); break;
+  }
   return cudaGetLastError();
 }
 
@@ -124,7 +269,9 @@ cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st) {
   if (a.T <= 0) return cudaSuccess;
   if (a.head_dim != 128 || a.rot_dim % 8 != 0 || a.rot_dim > 128 || a.rot_dim < 8)
     return cudaErrorInvalidValue;
-  qk_rope_kernel<<<a.T, kRopeWarps * 32, 0, st>>>(a);
+  const int n_heads = a.n_q_heads + 2 * a.n_kv_heads;
+  const int warps = n_heads < 1 ? 1 : n_heads < kRopeMaxWarps ? n_heads : kRopeMaxWarps;
+  qk_rope_kernel<<<a.T, warps * 32, 0, st>>>(a);
   return cudaGetLastError();
 }
 

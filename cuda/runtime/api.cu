@@ -162,6 +162,31 @@ int glmrt_step(glmrt_engine* engine, const glmrt_batch* batch, glmrt_result* res
   });
 }
 
+int glmrt_synthesize(glmrt_engine* engine, uint64_t seed) {
+  return guarded([&] {
+    if (!engine) return fail(GLMRT_ERR_INVALID, "glmrt_synthesize: engine is NULL");
+    if (engine->e.finalized)
+      return fail(GLMRT_ERR_STATE, "glmrt_synthesize: the engine is already finalized");
+    GLMRT_TRY(glmrt::synthesize(engine->e, seed));
+    return glmrt::fill_kv_random(engine->e, seed);
+  });
+}
+
+int glmrt_profile_enable(glmrt_engine* engine, int32_t on) {
+  return guarded([&] {
+    if (!engine) return fail(GLMRT_ERR_INVALID, "glmrt_profile_enable: engine is NULL");
+    if (on != 0 && on != 1) return fail(GLMRT_ERR_INVALID, "glmrt_profile_enable: on %d must be 0 or 1", on);
+    return glmrt::profile_enable(engine->e, on == 1);
+  });
+}
+
+int glmrt_profile_read(glmrt_engine* engine, glmrt_profile* out, int32_t reset) {
+  return guarded([&] {
+    if (!engine || !out) return fail(GLMRT_ERR_INVALID, "glmrt_profile_read: engine and out are required");
+    return glmrt::profile_read(engine->e, *out, reset != 0);
+  });
+}
+
 void glmrt_engine_destroy(glmrt_engine* engine) {
   if (!engine) return;
   try {

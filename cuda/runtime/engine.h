@@ -114,6 +114,14 @@ struct Rank {
   float* logits_gather = nullptr;  // [tp, max_seqs, V_l] (tp > 1)
   float* logits = nullptr;         // [max_seqs, V] (rank 0)
   unsigned char* meta = nullptr;   // the step's metadata (device copy)
+  void* dec_ws = nullptr;          // attention_decode workspace (zeroed at create)
+  void* router_ws = nullptr;       // router_fused workspace (zeroed at create)
+  int* prof_active = nullptr;      // [L] experts hit per layer (profiling)
+  // The shared expert as a dense MLP (steps of more than a few rows).
+  float* sh_big = nullptr;         // [T, 2*MI] gate|up
+  uint8_t* sh_hq = nullptr;        // [T, MI] SiLU*up FP8
+  float* sh_hs = nullptr;          // [T]
+  float* sh_out = nullptr;         // [T, H]
   void* sample_ws = nullptr;
   size_t sample_ws_bytes = 0;
   glmk::SampleOut* sample_out = nullptr;
@@ -124,6 +132,46 @@ struct Rank {
 struct Dims {  // derived per-rank sizes
   int H, L, D, rot, nq, nkv, nq_l, nkv_l, qkv_rows, I, I_l, MI, E, E_l, K, slots, V, V_l;
   int first_dense;
+};
+
+// Byte offsets of the step's metadata arrays in the pinned host buffer and its
+// device copy. Region A holds what the forward reads and has fixed offsets
+// (sized for the largest step), so a captured CUDA graph always finds its
+// inputs at the same addresses; the block tables come last so that one copy
+// of [0, bt + used) sends it. Region B (sampling, prefill attention plan) is
+// packed per step and read only outside graphs.
+struct MetaLayout {
+  size_t tokens, positions, slots;      // [max_tokens]
+  size_t dec_qrow, dec_ctx, dec_bt;     // [max_seqs] decode sequences: query row, keys, table offset
+  size_t bt_off, logit_rows;            // [max_seqs]
+  size_t n_valid;                       // [1] real rows of a padded (graph) step
+  size_t bt;                            // [max_seqs * max_blocks_per_seq]
+  size_t b_begin;                       // region B starts here
+  size_t total;
+};
+
+// One captured decode step (tensor_parallel 1): embedding to logits for a
+// batch of `bucket` sequences of one token each.
+struct StepGraph {
+  cudaGraphExec_t exec = nullptr;
+  int seen = 0;                      // steps of this bucket so far (capture on the second)
+  int captured_events = 0;           // events recorded inside the graph (profiling)
+  std::vector<cudaEvent_t> events;   // profiling graphs: one event after each launch
+  std::vector<int> families;
+};
+
+// Profiling state (profile.cu).
+struct Profiler {
+  bool on = false;
+  bool capturing = false;           // the launches go into a graph being captured
+  std::vector<cudaEvent_t> pool;    // eager steps: events reused every step
+  std::vector<cudaEvent_t>* events = nullptr;  // where this step's events go
+  std::vector<int>* families = nullptr;
+  std::vector<int> eager_families;
+  int n = 0;                        // events recorded this step (the first marks its start)
+  bool graph_step = false;
+  glmrt_profile acc{};
+  int64_t step_bytes[GLMRT_PROF_N] = {};
 };
 
 struct Engine {
@@ -150,6 +198,13 @@ struct Engine {
   std::vector<glmk::AttnItem> attn_items;
   std::vector<glmk::AttnMerge> attn_merges;
   std::vector<int> logits_seq;  // seq index of each logits row
+  MetaLayout ml{};
+  size_t dec_ws_bytes = 0, router_ws_bytes = 0;
+  bool graphs = false;          // capture pure-decode steps (options.disable_graphs == 0, TP1)
+  std::vector<int> buckets;     // batch sizes graphs are captured for, ascending
+  std::vector<StepGraph> step_graphs;       // one per bucket
+  std::vector<StepGraph> prof_graphs;       // profiling variants (events inside)
+  Profiler prof;
 };
 
 // weights.cu
@@ -162,5 +217,24 @@ int create_engine(Engine& e);
 void destroy_engine(Engine& e);
 // step.cu
 int run_step(Engine& e, const glmrt_batch& b, glmrt_result& r);
+void plan_meta_layout(Engine& e);
+// memory.cu: random finite values in the whole KV pool (synthetic engines, so a
+// decode step at any position reads real-looking keys without a prefill).
+int fill_kv_random(Engine& e, uint64_t seed);
+// synth.cu: every tensor of the model generated on the GPU(s) (docs/synthetic.md);
+// marks every piece loaded.
+int synthesize(Engine& e, uint64_t seed);
+// profile.cu
+int profile_enable(Engine& e, bool on);
+int profile_read(Engine& e, glmrt_profile& out, bool reset);
+// Called by the step: begin (records the start event), mark after each launch
+// on rank r's stream (family, GLMRT_PROF_*), end after the step's sync.
+int profile_begin(Engine& e, Rank& r, bool graph_step);
+int profile_mark(Engine& e, Rank& r, int family);
+int profile_end(Engine& e, const int64_t* bytes);
+void profile_destroy(Engine& e);
+// Counts the non-empty expert groups of one layer into counts[layer] (profiling).
+cudaError_t profile_count_active(const int* offsets, int groups, int* counts, int layer,
+                                 cudaStream_t st);
 
 }  // namespace glmrt

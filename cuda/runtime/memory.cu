@@ -77,8 +77,10 @@ int check_config(Engine& e) {
   REQ(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 1,
       "config: num_nextn_predict_layers %d must be 0 or 1", c.num_nextn_predict_layers);
 
-  for (int i = 0; i < 5; ++i)
+  for (int i = 0; i < 4; ++i)
     REQ(o.reserved[i] == 0, "options: reserved[%d] must be zero", i);
+  REQ(o.disable_graphs == 0 || o.disable_graphs == 1, "options: disable_graphs %d must be 0 or 1",
+      o.disable_graphs);
   REQ(o.fp32_cache_and_head == 0 || o.fp32_cache_and_head == 1,
       "options: fp32_cache_and_head %d must be 0 or 1", o.fp32_cache_and_head);
   e.f32kv = o.fp32_cache_and_head == 1;
@@ -269,26 +271,77 @@ int alloc_workspaces(Engine& e, Rank& r) {
     GLMRT_TRY(A(&r.top_lp, S * glmk::kMaxTop, "top logprobs"));
   }
   GLMRT_TRY(A(&r.meta, e.meta_bytes, "step metadata"));
+  if (r.index == 0 && d.E > 0) GLMRT_TRY(A(&r.prof_active, (size_t)d.L, "profile expert counts"));
+  if (r.shared_local >= 0) {
+    GLMRT_TRY(A(&r.sh_big, T * 2 * d.MI, "shared expert gate|up outputs"));
+    GLMRT_TRY(A(&r.sh_hq, T * d.MI, "shared expert FP8 SiLU*up"));
+    GLMRT_TRY(A(&r.sh_hs, T, "shared expert SiLU*up scales"));
+    GLMRT_TRY(A(&r.sh_out, T * d.H, "shared expert outputs"));
+  }
+  // attention_decode: the most workspace any batch size needs (its split count
+  // falls as the batch grows).
+  if (e.dec_ws_bytes == 0) {
+    for (int n = 1; n <= e.max_seqs; ++n) {
+      const int sp = glmk::decode_attention_splits(n, d.nkv_l, r.num_sms);
+      e.dec_ws_bytes = std::max(e.dec_ws_bytes,
+                                glmk::decode_attention_workspace_bytes(n, d.nq_l, d.nkv_l, sp));
+    }
+  }
+  GLMRT_TRY(A((unsigned char**)&r.dec_ws, e.dec_ws_bytes, "decode attention workspace"));
+  GLMRT_CUDA(cudaMemset(r.dec_ws, 0, e.dec_ws_bytes), "zero the decode attention workspace");
+  if (d.E > 0) {
+    e.router_ws_bytes = glmk::router_fused_workspace_bytes(e.max_tokens, d.E);
+    GLMRT_TRY(A((unsigned char**)&r.router_ws, e.router_ws_bytes, "router workspace"));
+    GLMRT_CUDA(cudaMemset(r.router_ws, 0, e.router_ws_bytes), "zero the router workspace");
+  }
+  // cuBLAS gets its workspace from us, so that it allocates nothing while a
+  // step is captured into a CUDA graph.
+  unsigned char* cublas_ws = nullptr;
+  const size_t cublas_ws_bytes = 32u << 20;
+  GLMRT_TRY(A(&cublas_ws, cublas_ws_bytes, "cuBLAS workspace"));
+  {
+    // The stream first: cublasSetStream resets the workspace.
+    cublasStatus_t s = cublasSetStream(r.cublas, r.stream);
+    if (s != CUBLAS_STATUS_SUCCESS)
+      return fail(GLMRT_ERR_CUDA, "GPU %d: cublasSetStream: %s", r.device, cublasGetStatusString(s));
+    s = cublasSetWorkspace(r.cublas, cublas_ws, cublas_ws_bytes);
+    if (s != CUBLAS_STATUS_SUCCESS)
+      return fail(GLMRT_ERR_CUDA, "GPU %d: cublasSetWorkspace: %s", r.device, cublasGetStatusString(s));
+  }
   r.lt.workspace_bytes = 32u << 20;
   GLMRT_TRY(A((unsigned char**)&r.lt.workspace, r.lt.workspace_bytes, "cuBLASLt workspace"));
   return GLMRT_OK;
 }
 
-size_t meta_capacity(const Engine& e) {
-  const size_t T = e.max_tokens, S = e.max_seqs;
-  size_t b = 0;
-  b += al(T * 4) * 3;                                   // tokens, positions, slots
-  b += al(S * (size_t)e.max_blocks_per_seq * 4);        // block tables
-  b += al(S * 4) * 2;                                   // bt offsets, logits rows
-  b += al((size_t)e.max_items * sizeof(glmk::AttnItem));
-  b += al((size_t)e.max_merges * sizeof(glmk::AttnMerge));
-  b += al(S * sizeof(glmk::SampleRow));
-  b += al((size_t)e.max_pen * 4) * 4;                   // penalty row, token, prompt, output
-  b += al(S * 4) * 2;                                   // sort segments
-  return b;
+// Random finite KV values in [-1, 1) (BF16 or FP32 elements).
+__global__ void fill_kv_kernel(void* pool, size_t n, int f32, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float v = (float)(int32_t)(z >> 40 & 0xFFFFFF) / 8388608.0f - 1.0f;
+    if (f32) static_cast<float*>(pool)[i] = v;
+    else static_cast<__nv_bfloat16*>(pool)[i] = __float2bfloat16_rn(v);
+  }
 }
 
 }  // namespace
+
+int fill_kv_random(Engine& e, uint64_t seed) {
+  const size_t elems = e.f32kv ? sizeof(float) : sizeof(__nv_bfloat16);
+  for (Rank& r : e.ranks) {
+    if (r.layers.empty()) continue;
+    GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
+    const size_t n = (size_t)r.kv_bytes / elems;
+    fill_kv_kernel<<<4 * r.num_sms, 256, 0, r.stream>>>(r.layers[0].k_cache, n, e.f32kv ? 1 : 0,
+                                                         seed ^ 0x4B56ull);
+    GLMRT_CUDA(cudaGetLastError(), "fill the KV cache");
+    GLMRT_CUDA(cudaStreamSynchronize(r.stream), "fill the KV cache: synchronize");
+  }
+  return GLMRT_OK;
+}
 
 int create_engine(Engine& e) {
   GLMRT_TRY(check_config(e));
@@ -297,7 +350,7 @@ int create_engine(Engine& e) {
   if (e.opt.device < 0 || e.opt.device + e.tp > ndev)
     return fail(GLMRT_ERR_INVALID, "options: devices %d..%d requested but %d CUDA device(s) visible",
                 e.opt.device, e.opt.device + e.tp - 1, ndev);
-  e.meta_bytes = meta_capacity(e);
+  plan_meta_layout(e);
   e.result_bytes = al(e.max_seqs * sizeof(glmk::SampleOut)) +
                    al((size_t)e.max_seqs * glmk::kMaxTop * 4) * 2;
   e.ranks.resize(e.tp);
@@ -383,6 +436,17 @@ int create_engine(Engine& e) {
   GLMRT_CUDA(cudaSetDevice(e.ranks[0].device), "cudaSetDevice");
   GLMRT_CUDA(cudaMallocHost((void**)&e.meta_host, e.meta_bytes), "cudaMallocHost(step metadata)");
   GLMRT_CUDA(cudaMallocHost((void**)&e.result_host, e.result_bytes), "cudaMallocHost(step results)");
+  // CUDA graphs for pure-decode steps: one per batch-size bucket (1, 2, 4, 8,
+  // then steps of 8 to 64, of 16 to 128, of 32 beyond), TP1 on the real path.
+  e.graphs = e.opt.disable_graphs == 0 && e.tp == 1 && !e.exact && !e.f32kv;
+  e.buckets.clear();
+  for (int b = 1; b <= e.max_seqs;) {
+    e.buckets.push_back(b);
+    b = b < 8 ? b * 2 : b < 64 ? b + 8 : b < 128 ? b + 16 : b + 32;
+  }
+  if (e.buckets.back() != e.max_seqs) e.buckets.push_back(e.max_seqs);
+  e.step_graphs.assign(e.buckets.size(), StepGraph{});
+  e.prof_graphs.assign(e.buckets.size(), StepGraph{});
   e.attn_seqs.reserve(e.max_seqs);
   e.attn_items.resize(e.max_items);
   e.attn_merges.resize(e.max_merges);
@@ -391,6 +455,8 @@ int create_engine(Engine& e) {
 }
 
 void destroy_engine(Engine& e) {
+  if (!e.ranks.empty()) cudaSetDevice(e.ranks[0].device);
+  profile_destroy(e);
   glmc::comm_destroy(e.comm);
   for (Rank& r : e.ranks) {
     cudaSetDevice(r.device);

@@ -18,11 +18,25 @@ namespace {
 constexpr size_t kAlign = 256;
 size_t al(size_t x) { return (x + kAlign - 1) & ~(kAlign - 1); }
 
-// Byte offsets of the step's arrays inside the metadata buffer.
+// What one step is, beyond the fixed region-A layout (e.ml): counts, the
+// region-B offsets, and how attention runs.
 struct Meta {
-  size_t tokens, positions, slots, bt, bt_off, logit_rows, items, merges, samples, pen_row,
-      pen_tok, pen_prompt, pen_output, seg_begin, seg_end, total;
-  int T = 0, S = 0, n_logits = 0, n_items = 0, n_merges = 0, n_pen = 0, n_seg = 0;
+  int T = 0, S = 0;   // real tokens and sequences
+  int rows = 0;       // rows the forward runs: T, or the graph bucket (T padded)
+  // Rows every launch-shape choice is made for (GEMM path and split-K, the
+  // decode attention's splits, the router path): the bucket of `rows` whether
+  // or not the step runs as a graph, so that a graph and an eager step of the
+  // same batch compute bit-identical results.
+  int policy_rows = 0;
+  bool graph = false; // a pure-decode step replayed from (or captured into) a CUDA graph
+  int bucket = -1;    // index into e.buckets when graph
+  int n_logits = 0, n_items = 0, n_merges = 0, n_pen = 0, n_seg = 0;
+  int n_dec = 0;      // sequences attention_decode takes (graph: the bucket, padded)
+  int dec_splits = 1;
+  bool dec_quant = false;  // attention_decode also writes the FP8 attention output
+  size_t items, merges, samples, pen_row, pen_tok, pen_prompt, pen_output, seg_begin, seg_end;
+  size_t a_bytes = 0, b_bytes = 0;  // bytes of region A / B to copy
+  int64_t kv_read_tokens = 0;       // sum over sequences of keys attended (profiling bytes)
   // Per sampler chunk: [begin, end) of its penalty entries and sort segments.
   int chunk_pen[2 * 1024 + 2];
   int chunk_seg[2 * 1024 + 2];
@@ -147,37 +161,74 @@ int validate(const Engine& e, const glmrt_batch& b, const glmrt_result& res) {
   return GLMRT_OK;
 }
 
-// Packs the step's metadata into e.meta_host; fills m.
+// Whether this engine runs decode tokens through attention_decode (the BF16
+// real path with pages of whole 16-key tiles and at most 16 query heads per KV
+// head); otherwise every sequence goes through attention_paged.
+bool decode_kernel_ok(const Engine& e) {
+  return !e.exact && !e.f32kv && e.block_size % 16 == 0 &&
+         e.d.nq / e.d.nkv <= glmk::kDecodeMaxGroup;
+}
+
+// The smallest bucket >= n (n beyond the last bucket: n).
+int bucket_rows(const Engine& e, int n) {
+  for (int b : e.buckets)
+    if (b >= n) return b;
+  return n;
+}
+
+// The graph bucket for a pure-decode step of S sequences, or -1.
+int pick_bucket(const Engine& e, const glmrt_batch& b) {
+  if (!e.graphs) return -1;
+  for (int s = 0; s < b.n_seqs; ++s) {
+    const glmrt_seq& q = b.seqs[s];
+    if (q.n_tokens != 1 || !(q.sample || q.want_logits)) return -1;
+  }
+  for (size_t i = 0; i < e.buckets.size(); ++i)
+    if (e.buckets[i] >= b.n_seqs) return (int)i;
+  return -1;
+}
+
+// Packs the step's metadata into e.meta_host (region A at its fixed offsets,
+// region B from ml.b_begin); fills m.
 int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   const int V = e.d.V, bs = e.block_size;
+  const MetaLayout& L = e.ml;
   m.T = b.n_tokens;
   m.S = b.n_seqs;
-  size_t off = 0;
-  auto take = [&](size_t bytes) {
-    const size_t o = off;
-    off += al(bytes);
-    return o;
-  };
-  m.tokens = take((size_t)m.T * 4);
-  m.positions = take((size_t)m.T * 4);
-  m.slots = take((size_t)m.T * 4);
-  m.bt = take((size_t)b.n_block_table_entries * 4);
-  m.bt_off = take((size_t)m.S * 4);
-  m.logit_rows = take((size_t)m.S * 4);
+  m.bucket = pick_bucket(e, b);
+  m.graph = m.bucket >= 0;
+  m.rows = m.graph ? e.buckets[m.bucket] : m.T;
+  m.policy_rows = bucket_rows(e, m.rows);
   unsigned char* H = e.meta_host;
-  memcpy(at<int>(H, m.tokens), b.token_ids, (size_t)m.T * 4);
-  if (b.n_block_table_entries) memcpy(at<int>(H, m.bt), b.block_tables, (size_t)b.n_block_table_entries * 4);
-  int* pos = at<int>(H, m.positions);
-  int* slot = at<int>(H, m.slots);
-  int* bto = at<int>(H, m.bt_off);
-  int* lrows = at<int>(H, m.logit_rows);
+  int* tok = at<int>(H, L.tokens);
+  int* pos = at<int>(H, L.positions);
+  int* slot = at<int>(H, L.slots);
+  int* dq = at<int>(H, L.dec_qrow);
+  int* dc = at<int>(H, L.dec_ctx);
+  int* db = at<int>(H, L.dec_bt);
+  int* bto = at<int>(H, L.bt_off);
+  int* lrows = at<int>(H, L.logit_rows);
+  memcpy(tok, b.token_ids, (size_t)m.T * 4);
+  if (b.n_block_table_entries)
+    memcpy(at<int>(H, L.bt), b.block_tables, (size_t)b.n_block_table_entries * 4);
+  const bool dec_ok = decode_kernel_ok(e);
   e.logits_seq.clear();
   e.attn_seqs.clear();
+  m.n_dec = 0;
+  m.kv_read_tokens = 0;
   int t = 0;
   for (int s = 0; s < m.S; ++s) {
     const glmrt_seq& q = b.seqs[s];
     bto[s] = q.block_table_offset;
-    e.attn_seqs.push_back(glmk::AttnSeqDesc{t, q.n_tokens, q.start_pos});
+    m.kv_read_tokens += (int64_t)q.start_pos + q.n_tokens;
+    if (dec_ok && q.n_tokens == 1) {
+      dq[m.n_dec] = t;
+      dc[m.n_dec] = q.start_pos + 1;
+      db[m.n_dec] = q.block_table_offset;
+      ++m.n_dec;
+    } else {
+      e.attn_seqs.push_back(glmk::AttnSeqDesc{t, q.n_tokens, q.start_pos});
+    }
     for (int i = 0; i < q.n_tokens; ++i, ++t) {
       const int p = q.start_pos + i;
       pos[t] = p;
@@ -189,11 +240,39 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
     }
   }
   m.n_logits = (int)e.logits_seq.size();
-  // Attention work.
+  if (m.graph) {
+    // Padding rows: token 0 at position 0, no KV write, no keys, own logits row.
+    for (int r = m.T; r < m.rows; ++r) {
+      tok[r] = 0;
+      pos[r] = 0;
+      slot[r] = -1;
+      dq[r] = r;
+      dc[r] = 0;
+      db[r] = 0;
+      lrows[r] = r;
+    }
+    m.n_dec = m.rows;
+  }
+  *at<int>(H, L.n_valid) = m.T;
+  m.dec_splits = m.n_dec > 0 ? glmk::decode_attention_splits(bucket_rows(e, m.n_dec), e.d.nkv_l,
+                                                            e.ranks[0].num_sms)
+                             : 1;
+  // The decode kernel writes the FP8 attention output itself when it covers
+  // every row and a token's heads all sit under one KV head.
+  m.dec_quant = m.n_dec > 0 && e.attn_seqs.empty() && e.d.nkv_l == 1;
+  m.a_bytes = L.bt + al((size_t)b.n_block_table_entries * 4);
+
+  // Region B: the prefill attention plan, sampling rows, penalties, segments.
+  size_t off = L.b_begin;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off += al(bytes);
+    return o;
+  };
   glmk::AttnPlan plan{e.attn_items.data(), e.max_items, 0, e.attn_merges.data(), e.max_merges, 0,
                       e.max_parts, 0};
   const char* why = "";
-  if (!glmk::plan_attention(e.attn_seqs.data(), m.S, e.d.nq / e.d.nkv, &plan, &why))
+  if (!glmk::plan_attention(e.attn_seqs.data(), (int)e.attn_seqs.size(), e.d.nq / e.d.nkv, &plan, &why))
     return fail(GLMRT_ERR_INVALID, "attention plan: %s", why);
   m.n_items = plan.n_items;
   m.n_merges = plan.n_merges;
@@ -201,7 +280,6 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   m.merges = take((size_t)m.n_merges * sizeof(glmk::AttnMerge));
   memcpy(at<glmk::AttnItem>(H, m.items), e.attn_items.data(), (size_t)m.n_items * sizeof(glmk::AttnItem));
   memcpy(at<glmk::AttnMerge>(H, m.merges), e.attn_merges.data(), (size_t)m.n_merges * sizeof(glmk::AttnMerge));
-  // Sampling rows (one per logits row), penalties and sort segments per chunk.
   m.samples = take((size_t)m.n_logits * sizeof(glmk::SampleRow));
   int n_pen = 0;
   for (int i = 0; i < m.n_logits; ++i) {
@@ -214,9 +292,9 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   m.pen_output = take((size_t)n_pen * 4);
   m.seg_begin = take((size_t)m.n_logits * 4);
   m.seg_end = take((size_t)m.n_logits * 4);
-  m.total = off;
-  if (m.total > e.meta_bytes)
-    return fail(GLMRT_ERR_INVALID, "step metadata %zu bytes exceed the planned %zu", m.total, e.meta_bytes);
+  if (off > e.meta_bytes)
+    return fail(GLMRT_ERR_INVALID, "step metadata %zu bytes exceed the planned %zu", off, e.meta_bytes);
+  m.b_bytes = off - L.b_begin;
   glmk::SampleRow* rows = at<glmk::SampleRow>(H, m.samples);
   int* pr = at<int>(H, m.pen_row);
   int* pt = at<int>(H, m.pen_tok);
@@ -282,13 +360,16 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       return fail(GLMRT_ERR_CUDA, "GPU %d: %s: %s", r.device, where_, cudaGetErrorString(e_)); \
     }                                                                                \
   } while (0)
+// Marks the end of a launch of family f for the profiler.
+#define PROF(f) GLMRT_TRY(profile_mark(e, r, (f)))
 
 // y[M, N] = fp8 linear of X (FP8 rows, scales xs) with W [N, K]; FP32 out.
 constexpr int kStreamMaxRows = 8;
 
 // Xf set: exactness-check path (FP32 activations).
+// P: the rows the launch shape is chosen for (Meta::policy_rows, >= M).
 int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N, int K,
-           const uint8_t* X, const float* xs, const float* Xf, int M, float* Y, int layer,
+           const uint8_t* X, const float* xs, const float* Xf, int M, int P, float* Y, int layer,
            const char* what) {
   if (Xf) {
     glmk::StreamGemmArgs a;
@@ -307,7 +388,7 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   }
   // The streaming kernel beats cuBLASLt only up to 8 rows (docs/perf.md); past
   // that, cuBLASLt when its 16-byte alignment holds.
-  if (M <= kStreamMaxRows || N % 16 != 0 || K % 16 != 0) {
+  if (P <= kStreamMaxRows || N % 16 != 0 || K % 16 != 0) {
     glmk::StreamGemmArgs a;
     a.W = W;
     a.w_scale = ws;
@@ -317,8 +398,8 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
     a.M = M;
     a.N = N;
     a.K = K;
-    a.max_rows_per_group = std::min(M, 64);
-    a.ksplit = M <= 64 ? glmk::gemm_fp8_stream_splits(M, N, K, r.num_sms) : 1;
+    a.max_rows_per_group = std::min(P, 64);
+    a.ksplit = P <= 64 ? glmk::gemm_fp8_stream_splits(P, N, K, r.num_sms) : 1;
     a.Y = Y;
     a.ldy = N;
     a.ws = r.split_ws;
@@ -337,13 +418,15 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
 
 int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   const Dims& d = e.d;
+  const MetaLayout& ML = e.ml;
   LayerDev& L = r.layers[l];
   unsigned char* M = r.meta;
+  const int T = m.rows;
   glmk::AddNormArgs n;
   n.h = r.h;
   n.delta = l > 0 ? r.delta : nullptr;
   n.weight = L.in_norm;
-  n.rows = m.T;
+  n.rows = T;
   n.hidden = d.H;
   n.eps = e.cfg.rms_norm_eps;
   if (e.exact) {
@@ -353,11 +436,13 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     n.out_scale = r.xs;
   }
   KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: input add_rmsnorm", l);
+  PROF(GLMRT_PROF_NORM);
   GLMRT_TRY(linear(r, L.qkv, L.qkv_scale, L.qkv_bias, d.qkv_rows, d.H, r.xq, r.xs,
-                   e.exact ? r.xf : nullptr, m.T, r.qkv, l, "q|k|v"));
+                   e.exact ? r.xf : nullptr, T, m.policy_rows, r.qkv, l, "q|k|v"));
+  PROF(GLMRT_PROF_QKV);
   glmk::QkRopeArgs q;
   q.qkv = r.qkv;
-  q.T = m.T;
+  q.T = T;
   q.n_q_heads = d.nq_l;
   q.n_kv_heads = d.nkv_l;
   q.head_dim = d.D;
@@ -366,51 +451,83 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   q.k_norm = L.k_norm;
   q.eps = e.cfg.rms_norm_eps;
   q.inv_freq = r.inv_freq;
-  q.positions = at<int>(M, m.positions);
-  q.slots = at<int>(M, m.slots);
+  q.positions = at<int>(M, ML.positions);
+  q.slots = at<int>(M, ML.slots);
   q.block_size = e.block_size;
   q.q_out = r.q;
   q.k_cache = L.k_cache;
   q.v_cache = L.v_cache;
   q.kv_f32 = e.f32kv;
   KCHECK(glmk::qk_norm_rope_kv_write(q, r.stream), "layer %d: qk_norm_rope_kv_write", l);
-  glmk::AttnArgs a;
-  a.q = r.q;
-  a.k_cache = L.k_cache;
-  a.v_cache = L.v_cache;
-  a.kv_f32 = e.f32kv;
-  a.block_size = e.block_size;
-  a.n_q_heads = d.nq_l;
-  a.n_kv_heads = d.nkv_l;
-  a.scale = 1.0f / sqrtf((float)d.D);
-  a.positions = at<int>(M, m.positions);
-  a.seq_bt_offset = at<int>(M, m.bt_off);
-  a.block_tables = at<int>(M, m.bt);
-  a.items = at<glmk::AttnItem>(M, m.items);
-  a.n_items = m.n_items;
-  a.out = r.attn;
-  a.part_o = r.part_o;
-  a.part_ml = r.part_ml;
-  KCHECK(glmk::attention_paged(a, r.stream), "layer %d: attention_paged (%d items)", l, m.n_items);
-  KCHECK(glmk::attention_merge(at<glmk::AttnMerge>(M, m.merges), m.n_merges, d.nq_l, r.part_o,
-                               r.part_ml, r.attn, r.stream),
-         "layer %d: attention_merge", l);
+  PROF(GLMRT_PROF_ROPE_KV);
+  const float scale = 1.0f / sqrtf((float)d.D);
+  if (m.n_dec > 0) {
+    glmk::DecodeAttnArgs a;
+    a.q = r.q;
+    a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
+    a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
+    a.block_size = e.block_size;
+    a.n_q_heads = d.nq_l;
+    a.n_kv_heads = d.nkv_l;
+    a.scale = scale;
+    a.n_seqs = m.n_dec;
+    a.q_row = at<int>(M, ML.dec_qrow);
+    a.ctx_len = at<int>(M, ML.dec_ctx);
+    a.bt_offset = at<int>(M, ML.dec_bt);
+    a.block_tables = at<int>(M, ML.bt);
+    a.max_splits = m.dec_splits;
+    a.out = r.attn;
+    if (m.dec_quant) {
+      a.out_q = r.xq;
+      a.out_scale = r.xs;
+    }
+    a.workspace = r.dec_ws;
+    KCHECK(glmk::attention_decode(a, r.stream), "layer %d: attention_decode (%d sequences, %d splits)",
+           l, m.n_dec, m.dec_splits);
+  }
+  if (m.n_items > 0) {
+    glmk::AttnArgs a;
+    a.q = r.q;
+    a.k_cache = L.k_cache;
+    a.v_cache = L.v_cache;
+    a.kv_f32 = e.f32kv;
+    a.block_size = e.block_size;
+    a.n_q_heads = d.nq_l;
+    a.n_kv_heads = d.nkv_l;
+    a.scale = scale;
+    a.positions = at<int>(M, ML.positions);
+    a.seq_bt_offset = at<int>(M, ML.bt_off);
+    a.block_tables = at<int>(M, ML.bt);
+    a.items = at<glmk::AttnItem>(M, m.items);
+    a.n_items = m.n_items;
+    a.out = r.attn;
+    a.part_o = r.part_o;
+    a.part_ml = r.part_ml;
+    KCHECK(glmk::attention_paged(a, r.stream), "layer %d: attention_paged (%d items)", l, m.n_items);
+    KCHECK(glmk::attention_merge(at<glmk::AttnMerge>(M, m.merges), m.n_merges, d.nq_l, r.part_o,
+                                 r.part_ml, r.attn, r.stream),
+           "layer %d: attention_merge", l);
+  }
   const int ko = d.nq_l * d.D;
-  if (!e.exact)
-    KCHECK(glmk::quant_rows_fp8(r.attn, ko, m.T, ko, r.xq, ko, r.xs, nullptr, r.stream),
+  if (!e.exact && !m.dec_quant)
+    KCHECK(glmk::quant_rows_fp8(r.attn, ko, T, ko, r.xq, ko, r.xs, nullptr, r.stream),
            "layer %d: quantize attention output", l);
-  return linear(r, L.o, L.o_scale, nullptr, d.H, ko, r.xq, r.xs, e.exact ? r.attn : nullptr, m.T,
-                r.delta, l, "o_proj");
+  PROF(GLMRT_PROF_ATTENTION);
+  GLMRT_TRY(linear(r, L.o, L.o_scale, nullptr, d.H, ko, r.xq, r.xs, e.exact ? r.attn : nullptr, T,
+                   m.policy_rows, r.delta, l, "o_proj"));
+  PROF(GLMRT_PROF_O_PROJ);
+  return GLMRT_OK;
 }
 
 int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   const Dims& d = e.d;
   LayerDev& L = r.layers[l];
+  const int T = m.rows;
   glmk::AddNormArgs n;
   n.h = r.h;
   n.delta = r.delta;
   n.weight = L.post_norm;
-  n.rows = m.T;
+  n.rows = T;
   n.hidden = d.H;
   n.eps = e.cfg.rms_norm_eps;
   if (!e.exact) {
@@ -419,24 +536,27 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   }
   n.out_f32 = (L.moe || e.exact) ? r.xf : nullptr;
   KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: post-attention add_rmsnorm", l);
+  PROF(GLMRT_PROF_NORM);
   const float* xf_in = e.exact ? r.xf : nullptr;
   if (!L.moe) {
-    GLMRT_TRY(linear(r, L.gu, L.gu_scale, nullptr, 2 * d.I_l, d.H, r.xq, r.xs, xf_in, m.T, r.big, l,
-                     "gate|up"));
+    GLMRT_TRY(linear(r, L.gu, L.gu_scale, nullptr, 2 * d.I_l, d.H, r.xq, r.xs, xf_in, T,
+                     m.policy_rows, r.big, l, "gate|up"));
+    PROF(GLMRT_PROF_DENSE_GATE_UP);
     if (e.exact)
-      KCHECK(glmk::silu_mul_f32(r.big, m.T, d.I_l, r.hf, nullptr, r.stream), "layer %d: silu_mul", l);
+      KCHECK(glmk::silu_mul_f32(r.big, T, d.I_l, r.hf, nullptr, r.stream), "layer %d: silu_mul", l);
     else
-      KCHECK(glmk::silu_mul_quant_fp8(r.big, m.T, d.I_l, r.hq, r.hs, nullptr, r.stream),
+      KCHECK(glmk::silu_mul_quant_fp8(r.big, T, d.I_l, r.hq, r.hs, nullptr, r.stream),
              "layer %d: silu_mul_quant", l);
-    return linear(r, L.down, L.down_scale, nullptr, d.H, d.I_l, r.hq, r.hs, e.exact ? r.hf : nullptr,
-                  m.T, r.delta, l, "down");
+    PROF(GLMRT_PROF_ACTIVATION);
+    GLMRT_TRY(linear(r, L.down, L.down_scale, nullptr, d.H, d.I_l, r.hq, r.hs,
+                     e.exact ? r.hf : nullptr, T, m.policy_rows, r.delta, l, "down"));
+    PROF(GLMRT_PROF_DENSE_DOWN);
+    return GLMRT_OK;
   }
-  std::string err = glmk::gemm_f32_nt(r.cublas, r.xf, L.router, r.router_logits, m.T, d.E, d.H, r.stream);
-  if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d router: %s", r.device, l, err.c_str());
   glmk::RouterArgs ra;
   ra.logits = r.router_logits;
   ra.bias = L.router_bias;
-  ra.T = m.T;
+  ra.T = T;
   ra.E = d.E;
   ra.top_k = d.K;
   ra.n_group = e.cfg.n_group;
@@ -445,13 +565,50 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   ra.scale = e.cfg.routed_scaling_factor;
   ra.expert_begin = r.expert_begin;
   ra.n_local = r.n_local_experts;
-  ra.shared_local = r.shared_local;
+  // The shared expert sees every token: past kStreamMaxRows rows it is a dense
+  // MLP for cuBLASLt (the grouped streaming kernel is built for a few rows per
+  // expert), its output added last by moe_combine; its router slot stays empty.
+  const bool shared_dense = r.shared_local >= 0 && !e.exact && m.policy_rows > kStreamMaxRows;
+  ra.shared_local = shared_dense ? -1 : r.shared_local;
   ra.slots = d.slots;
   ra.ids = r.topk_ids;
   ra.w = r.topk_w;
-  KCHECK(glmk::router_topk(ra, r.stream), "layer %d: router_topk", l);
-  KCHECK(glmk::moe_align(r.topk_ids, m.T, d.slots, r.groups, r.offsets, r.sorted_rows, r.inv, r.stream),
-         "layer %d: moe_align", l);
+  ra.n_valid = m.graph ? at<int>(r.meta, e.ml.n_valid) : nullptr;
+  if (!e.exact && glmk::router_fused_supported(m.policy_rows, d.E, d.H)) {
+    glmk::RouterFusedArgs rf;
+    rf.sel = ra;
+    rf.x = r.xf;
+    rf.W = L.router;
+    rf.H = d.H;
+    rf.n_groups = r.groups;
+    rf.offsets = r.offsets;
+    rf.sorted_rows = r.sorted_rows;
+    rf.inv = r.inv;
+    rf.workspace = r.router_ws;
+    KCHECK(glmk::router_fused(rf, r.stream), "layer %d: router_fused", l);
+  } else {
+    std::string err = glmk::gemm_f32_nt(r.cublas, r.xf, L.router, r.router_logits, T, d.E, d.H, r.stream);
+    if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d router: %s", r.device, l, err.c_str());
+    KCHECK(glmk::router_topk(ra, r.stream), "layer %d: router_topk", l);
+    KCHECK(glmk::moe_align(r.topk_ids, T, d.slots, r.groups, r.offsets, r.sorted_rows, r.inv, r.stream),
+           "layer %d: moe_align", l);
+  }
+  if (e.prof.on && r.index == 0)
+    KCHECK(profile_count_active(r.offsets, r.groups, r.prof_active, l, r.stream),
+           "layer %d: profile count", l);
+  PROF(GLMRT_PROF_ROUTER);
+  if (shared_dense) {
+    const size_t MI = d.MI, H = d.H, sg = r.shared_local;
+    GLMRT_TRY(linear(r, L.e_gu + sg * 2 * MI * H, L.e_gu_scale + sg * 2 * MI, nullptr, 2 * d.MI, d.H,
+                     r.xq, r.xs, nullptr, T, m.policy_rows, r.sh_big, l, "shared expert gate|up"));
+    PROF(GLMRT_PROF_EXPERT_GATE_UP);
+    KCHECK(glmk::silu_mul_quant_fp8(r.sh_big, T, d.MI, r.sh_hq, r.sh_hs, nullptr, r.stream),
+           "layer %d: shared expert silu_mul_quant", l);
+    PROF(GLMRT_PROF_ACTIVATION);
+    GLMRT_TRY(linear(r, L.e_down + sg * H * MI, L.e_down_scale + sg * H, nullptr, d.H, d.MI, r.sh_hq,
+                     r.sh_hs, nullptr, T, m.policy_rows, r.sh_out, l, "shared expert down"));
+    PROF(GLMRT_PROF_EXPERT_DOWN);
+  }
   glmk::StreamGemmArgs g;
   g.W = L.e_gu;
   g.w_scale = L.e_gu_scale;
@@ -463,18 +620,20 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   g.groups = r.groups;
   g.N = 2 * d.MI;
   g.K = d.H;
-  g.max_rows_per_group = m.T;
-  g.max_active_groups = std::min(r.groups, m.T * d.slots);  // a token hits <= slots groups
+  g.max_rows_per_group = m.policy_rows;
+  g.max_active_groups = std::min(r.groups, m.policy_rows * d.slots);  // a token hits <= slots groups
   g.Y = r.big;
   g.ldy = 2 * d.MI;
   KCHECK(glmk::gemm_fp8_stream(g, r.stream), "layer %d: expert gate|up", l);
+  PROF(GLMRT_PROF_EXPERT_GATE_UP);
   if (e.exact)
-    KCHECK(glmk::silu_mul_f32(r.big, m.T * d.slots, d.MI, r.hf, r.offsets + r.groups, r.stream),
+    KCHECK(glmk::silu_mul_f32(r.big, T * d.slots, d.MI, r.hf, r.offsets + r.groups, r.stream),
            "layer %d: expert silu_mul", l);
   else
-    KCHECK(glmk::silu_mul_quant_fp8(r.big, m.T * d.slots, d.MI, r.hq, r.hs, r.offsets + r.groups,
+    KCHECK(glmk::silu_mul_quant_fp8(r.big, T * d.slots, d.MI, r.hq, r.hs, r.offsets + r.groups,
                                     r.stream),
            "layer %d: expert silu_mul_quant", l);
+  PROF(GLMRT_PROF_ACTIVATION);
   glmk::StreamGemmArgs dn;
   dn.W = L.e_down;
   dn.w_scale = L.e_down_scale;
@@ -485,13 +644,16 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   dn.groups = r.groups;
   dn.N = d.H;
   dn.K = d.MI;
-  dn.max_rows_per_group = m.T;
+  dn.max_rows_per_group = m.policy_rows;
   dn.max_active_groups = g.max_active_groups;
   dn.Y = r.ysort;
   dn.ldy = d.H;
   KCHECK(glmk::gemm_fp8_stream(dn, r.stream), "layer %d: expert down", l);
-  KCHECK(glmk::moe_combine(r.ysort, r.inv, r.topk_w, m.T, d.slots, d.H, r.delta, r.stream),
+  PROF(GLMRT_PROF_EXPERT_DOWN);
+  KCHECK(glmk::moe_combine(r.ysort, r.inv, r.topk_w, T, d.slots, d.H, r.delta, r.stream,
+                           shared_dense ? r.sh_out : nullptr),
          "layer %d: moe_combine", l);
+  PROF(GLMRT_PROF_MOE_COMBINE);
   return GLMRT_OK;
 }
 
@@ -505,64 +667,65 @@ int all_reduce_delta(Engine& e, int T) {
   }
   std::string err = glmc::allreduce_sum_f32(e.comm, bufs.data(), (size_t)T * e.d.H, streams.data());
   if (!err.empty()) return fail(GLMRT_ERR_CUDA, "all-reduce of sub-layer outputs: %s", err.c_str());
+  Rank& r = e.ranks[0];
+  PROF(GLMRT_PROF_COMM);
   return GLMRT_OK;
 }
 
 int logits_block(Engine& e, Rank& r, const Meta& m) {
   const Dims& d = e.d;
+  const int rows = m.graph ? m.rows : m.n_logits;
   glmk::AddNormArgs n;
   n.h = r.h;
   n.delta = r.delta;
   n.weight = r.final_norm;
-  n.rows = m.n_logits;
+  n.rows = rows;
   n.hidden = d.H;
   n.eps = e.cfg.rms_norm_eps;
-  n.row_index = at<int>(r.meta, m.logit_rows);
+  n.row_index = at<int>(r.meta, e.ml.logit_rows);
   if (e.f32kv) n.out_f32 = r.final_f32;
   else n.out_bf16 = r.final_bf16;
   KCHECK(glmk::add_rmsnorm(n, r.stream), "final norm");
+  PROF(GLMRT_PROF_NORM);
   std::string err =
-      e.f32kv ? glmk::gemm_f32_nt(r.cublas, r.final_f32, r.lm_head_f32, r.logits_local, m.n_logits,
+      e.f32kv ? glmk::gemm_f32_nt(r.cublas, r.final_f32, r.lm_head_f32, r.logits_local, rows,
                                   d.V_l, d.H, r.stream)
-              : glmk::gemm_bf16_nt(r.cublas, r.final_bf16, r.lm_head, r.logits_local, m.n_logits,
+              : glmk::gemm_bf16_nt(r.cublas, r.final_bf16, r.lm_head, r.logits_local, rows,
                                    d.V_l, d.H, r.stream);
   if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: lm_head: %s", r.device, err.c_str());
+  PROF(GLMRT_PROF_LM_HEAD);
   return GLMRT_OK;
 }
 
-}  // namespace
-
-int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
-  GLMRT_TRY(validate(e, b, res));
-  Meta m;
-  GLMRT_TRY(pack(e, b, m));
+// The forward from the embedding to the logits on every GPU: launched eagerly,
+// or recorded into a graph while e.ranks[0].stream is capturing.
+int forward(Engine& e, const Meta& m) {
   for (Rank& r : e.ranks) {
     GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
-    KCHECK(cudaMemcpyAsync(r.meta, e.meta_host, m.total, cudaMemcpyHostToDevice, r.stream),
-           "copy step metadata");
-    KCHECK(glmk::embed_gather(r.embed, at<int>(r.meta, m.tokens), m.T, e.d.H, r.h, r.stream),
+    KCHECK(glmk::embed_gather(r.embed, at<int>(r.meta, e.ml.tokens), m.rows, e.d.H, r.h, r.stream),
            "embed_gather");
+    PROF(GLMRT_PROF_EMBED);
   }
   for (int l = 0; l < e.d.L; ++l) {
     for (Rank& r : e.ranks) {
       GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
       GLMRT_TRY(attention_block(e, r, l, m));
     }
-    GLMRT_TRY(all_reduce_delta(e, m.T));
+    GLMRT_TRY(all_reduce_delta(e, m.rows));
     for (Rank& r : e.ranks) {
       GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
       GLMRT_TRY(mlp_block(e, r, l, m));
     }
-    GLMRT_TRY(all_reduce_delta(e, m.T));
+    GLMRT_TRY(all_reduce_delta(e, m.rows));
   }
+  const int rows = m.graph ? m.rows : m.n_logits;
   for (Rank& r : e.ranks) {
-    if (m.n_logits == 0) break;  // a step of non-final prefill chunks only
+    if (rows == 0) break;  // a step of non-final prefill chunks only
     GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
     GLMRT_TRY(logits_block(e, r, m));
   }
-  Rank& r = e.ranks[0];
-  GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
-  if (e.tp > 1) {
+  if (e.tp > 1 && m.n_logits > 0) {
+    Rank& r = e.ranks[0];
     std::vector<const float*> send;
     std::vector<float*> recv;
     std::vector<cudaStream_t> streams;
@@ -574,10 +737,153 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
     std::string err = glmc::allgather_f32(e.comm, send.data(), recv.data(),
                                           (size_t)m.n_logits * e.d.V_l, streams.data());
     if (!err.empty()) return fail(GLMRT_ERR_CUDA, "all-gather of logits: %s", err.c_str());
+    PROF(GLMRT_PROF_COMM);
     GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
     KCHECK(glmk::logits_interleave(r.logits_gather, e.tp, m.n_logits, e.d.V_l, r.logits, r.stream),
            "logits_interleave");
+    PROF(GLMRT_PROF_LM_HEAD);
   }
+  return GLMRT_OK;
+}
+
+// Captures the forward of a pure-decode step into g (rank 0's stream; TP1).
+int capture(Engine& e, const Meta& m, StepGraph& g) {
+  Rank& r = e.ranks[0];
+  Profiler& p = e.prof;
+  GLMRT_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal),
+             "begin CUDA graph capture");
+  if (p.on) {
+    p.capturing = true;
+    p.events = &g.events;
+    p.families = &g.families;
+    p.n = 0;
+  }
+  int rc = p.on ? profile_mark(e, r, -1) : GLMRT_OK;
+  if (rc == GLMRT_OK) rc = forward(e, m);
+  p.capturing = false;
+  cudaGraph_t graph = nullptr;
+  cudaError_t ce = cudaStreamEndCapture(r.stream, &graph);
+  if (rc != GLMRT_OK) {
+    if (graph) cudaGraphDestroy(graph);
+    return rc;
+  }
+  GLMRT_TRY(check_cuda(ce, "end CUDA graph capture"));
+  ce = cudaGraphInstantiate(&g.exec, graph, 0);
+  cudaGraphDestroy(graph);
+  GLMRT_TRY(check_cuda(ce, "instantiate the decode-step graph"));
+  g.captured_events = p.on ? p.n : 0;
+  return GLMRT_OK;
+}
+
+// Bytes each family must move in this step (profiling): weights read once
+// (the experts actually hit), KV read and written, activations in and out.
+void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out) {
+  const Dims& d = e.d;
+  const int64_t T = m.rows, H = d.H;
+  const int64_t kv_elem = e.f32kv ? 4 : 2;
+  for (int f = 0; f < GLMRT_PROF_N; ++f) out[f] = 0;
+  const int64_t act_q = e.exact ? 4 : 1;  // FP8 or FP32 linear inputs
+  out[GLMRT_PROF_EMBED] = T * H * (2 + 4);
+  for (int l = 0; l < d.L; ++l) {
+    const bool moe = l >= d.first_dense;
+    // two add+norms: h, delta, weight in; h and the quantized (+FP32 for MoE) rows out
+    out[GLMRT_PROF_NORM] += 2 * (T * H * (4 + 4 + 4 + act_q) + H * 4) + (moe ? T * H * 4 : 0);
+    out[GLMRT_PROF_QKV] += (int64_t)d.qkv_rows * H + d.qkv_rows * 8 + T * (H * act_q + d.qkv_rows * 4);
+    out[GLMRT_PROF_ROPE_KV] += T * (d.qkv_rows * 4 + (int64_t)d.nq_l * d.D * 4 + 2 * d.nkv_l * d.D * kv_elem);
+    out[GLMRT_PROF_ATTENTION] += m.kv_read_tokens * d.nkv_l * d.D * 2 * kv_elem +
+                                 T * (int64_t)d.nq_l * d.D * (4 + 4 + 1);
+    out[GLMRT_PROF_O_PROJ] += H * (int64_t)d.nq_l * d.D + H * 4 + T * ((int64_t)d.nq_l * d.D + H * 4);
+    if (!moe) {
+      out[GLMRT_PROF_DENSE_GATE_UP] += 2 * (int64_t)d.I_l * H + T * (H + 2 * (int64_t)d.I_l * 4);
+      out[GLMRT_PROF_ACTIVATION] += T * (int64_t)d.I_l * (8 + 1);
+      out[GLMRT_PROF_DENSE_DOWN] += H * (int64_t)d.I_l + T * ((int64_t)d.I_l + H * 4);
+      continue;
+    }
+    // Experts hit (counted on the GPU); the shared expert run as a dense MLP
+    // is not among them.
+    const bool shared_dense = e.ranks[0].shared_local >= 0 && !e.exact && m.policy_rows > kStreamMaxRows;
+    const int64_t groups = (active ? active[l] : 0) + (shared_dense ? 1 : 0);
+    out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
+    out[GLMRT_PROF_EXPERT_GATE_UP] += groups * 2 * (int64_t)d.MI * H + T * d.slots * (H + 2 * (int64_t)d.MI * 4);
+    out[GLMRT_PROF_ACTIVATION] += T * d.slots * (int64_t)d.MI * (8 + 1);
+    out[GLMRT_PROF_EXPERT_DOWN] += groups * H * (int64_t)d.MI + T * d.slots * ((int64_t)d.MI + H * 4);
+    out[GLMRT_PROF_MOE_COMBINE] += T * d.slots * H * 4 + T * H * 4;
+  }
+  const int64_t rows = m.graph ? m.rows : m.n_logits;
+  out[GLMRT_PROF_NORM] += rows * H * (4 + 4 + 2);
+  out[GLMRT_PROF_LM_HEAD] += (int64_t)d.V_l * H * (e.f32kv ? 4 : 2) + rows * (int64_t)d.V_l * 4;
+  out[GLMRT_PROF_SAMPLING] += (int64_t)m.n_logits * d.V * 4;
+  out[GLMRT_PROF_COPY] += (int64_t)(m.a_bytes + m.b_bytes);
+}
+
+}  // namespace
+
+// The fixed layout of the step metadata (region A at fixed offsets, region B
+// after it), sized for the largest step; sets e.ml and e.meta_bytes.
+void plan_meta_layout(Engine& e) {
+  const size_t T = e.max_tokens, S = e.max_seqs;
+  MetaLayout& L = e.ml;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t o = off;
+    off += al(bytes);
+    return o;
+  };
+  L.tokens = take(T * 4);
+  L.positions = take(T * 4);
+  L.slots = take(T * 4);
+  L.dec_qrow = take(S * 4);
+  L.dec_ctx = take(S * 4);
+  L.dec_bt = take(S * 4);
+  L.bt_off = take(S * 4);
+  L.logit_rows = take(S * 4);
+  L.n_valid = take(4);
+  L.bt = take(S * (size_t)e.max_blocks_per_seq * 4);
+  L.b_begin = off;
+  take((size_t)e.max_items * sizeof(glmk::AttnItem));
+  take((size_t)e.max_merges * sizeof(glmk::AttnMerge));
+  take(S * sizeof(glmk::SampleRow));
+  for (int i = 0; i < 4; ++i) take((size_t)e.max_pen * 4);  // penalty row, token, prompt, output
+  take(S * 4);
+  take(S * 4);  // sort segments
+  L.total = off;
+  e.meta_bytes = off;
+}
+
+int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
+  GLMRT_TRY(validate(e, b, res));
+  Meta m;
+  GLMRT_TRY(pack(e, b, m));
+  Profiler& p = e.prof;
+  for (Rank& r : e.ranks) {
+    GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
+    KCHECK(cudaMemcpyAsync(r.meta, e.meta_host, m.a_bytes, cudaMemcpyHostToDevice, r.stream),
+           "copy step metadata");
+    if (m.b_bytes)
+      KCHECK(cudaMemcpyAsync(r.meta + e.ml.b_begin, e.meta_host + e.ml.b_begin, m.b_bytes,
+                             cudaMemcpyHostToDevice, r.stream),
+             "copy step metadata (sampling)");
+  }
+  Rank& r = e.ranks[0];
+  GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
+  StepGraph* g = nullptr;
+  if (m.graph) {
+    g = &(p.on ? e.prof_graphs : e.step_graphs)[m.bucket];
+    if (!g->exec && g->seen++ >= 1) GLMRT_TRY(capture(e, m, *g));
+  }
+  if (g && g->exec) {
+    if (p.on) {
+      p.events = &g->events;
+      p.families = &g->families;
+      p.n = g->captured_events;
+      p.graph_step = true;
+    }
+    KCHECK(cudaGraphLaunch(g->exec, r.stream), "launch the decode-step graph (batch %d)", m.rows);
+  } else {
+    if (p.on) GLMRT_TRY(profile_begin(e, r, false));
+    GLMRT_TRY(forward(e, m));
+  }
+  GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
   // Sampling, in chunks of e.sample_chunk rows.
   const int V = e.d.V;
   unsigned char* M = r.meta;
@@ -605,6 +911,7 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
     s.top_lp = r.top_lp + (size_t)c0 * glmk::kMaxTop;
     KCHECK(glmk::sample_rows(s, r.stream), "sample_rows (rows %d..%d)", c0, c0 + s.rows - 1);
   }
+  if (m.n_logits > 0) PROF(GLMRT_PROF_SAMPLING);
   // Results: one copy of the per-row outputs, then the requested logits rows.
   glmk::SampleOut* out_h = reinterpret_cast<glmk::SampleOut*>(e.result_host);
   int* top_ids_h = reinterpret_cast<int*>(e.result_host + al(e.max_seqs * sizeof(glmk::SampleOut)));
@@ -629,11 +936,21 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
            "copy logits row %d", i);
     ++want_row;
   }
+  PROF(GLMRT_PROF_COPY);
   for (Rank& q : e.ranks) {
     GLMRT_CUDA(cudaSetDevice(q.device), "cudaSetDevice");
     GLMRT_CUDA(cudaStreamSynchronize(q.stream), "step: stream synchronize");
   }
   GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
+  if (p.on) {
+    std::vector<int> active(e.d.L, 0);
+    if (e.d.E > 0)
+      GLMRT_CUDA(cudaMemcpy(active.data(), r.prof_active, e.d.L * sizeof(int), cudaMemcpyDeviceToHost),
+                 "profile: copy expert counts");
+    int64_t bytes[GLMRT_PROF_N];
+    step_bytes(e, m, active.data(), bytes);
+    GLMRT_TRY(profile_end(e, bytes));
+  }
   for (int s = 0; s < b.n_seqs; ++s) {
     res.tokens[s] = -1;
     res.logprobs[s] = NAN;

@@ -15,6 +15,7 @@ import (
 	"github.com/glmctl/glmctl/pkg/backend/cuda"
 	"github.com/glmctl/glmctl/pkg/cudabuild"
 	"github.com/glmctl/glmctl/pkg/engine"
+	"github.com/glmctl/glmctl/pkg/synth"
 )
 
 // Backend names accepted by Open.
@@ -46,6 +47,12 @@ type Options struct {
 	MaxTokensPerStep int
 	MaxSeqs          int
 	CUDAExact        bool // validation precision (see cuda.Options.Exact)
+	CUDANoGraphs     bool // launch every kernel of every step (see cuda.Options.NoGraphs)
+
+	// Synthetic, when set, replaces the model directory: the synthetic
+	// weights of docs/synthetic.md (generated on the GPU by the CUDA
+	// backend, written to a temporary checkpoint by the CPU backend).
+	Synthetic *synth.Spec
 }
 
 func (o Options) cpu() cpu.Options {
@@ -57,7 +64,7 @@ func (o Options) cuda() cuda.Options {
 		LibPath: o.LibPath, Arch: o.Arch, CacheDir: o.CacheDir,
 		Device: o.Device, TP: o.TP, KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks,
 		MemoryBudget: o.MemoryBudget, MaxTokensPerStep: o.MaxTokensPerStep, MaxSeqs: o.MaxSeqs,
-		Exact: o.CUDAExact,
+		Exact: o.CUDAExact, NoGraphs: o.CUDANoGraphs,
 	}
 }
 
@@ -121,11 +128,15 @@ func (p probe) choose(name string, o Options) (Choice, error) {
 	return Choice{Name: CUDA, LibPath: lib, Reason: fmt.Sprintf("%s and %s", gpuDesc, lib)}, nil
 }
 
-// Open opens the named backend ("cpu", "cuda", "auto") on the model in dir.
+// Open opens the named backend ("cpu", "cuda", "auto") on the model in dir,
+// or on the synthetic model o.Synthetic (dir must then be empty).
 // An explicit "cuda" fails with the CUDA backend's error (no library, stale
 // library, no GPU); "auto" falls back to CPU only when no GPU or no library
 // is found, never when a found library fails to load.
 func Open(ctx context.Context, name, dir string, o Options) (engine.Backend, error) {
+	if o.Synthetic != nil && dir != "" {
+		return nil, fmt.Errorf("model directory %s and %s: choose one", dir, o.Synthetic)
+	}
 	c, err := Choose(name, o)
 	if err != nil {
 		return nil, err
@@ -137,6 +148,13 @@ func Open(ctx context.Context, name, dir string, o Options) (engine.Backend, err
 	case CUDA:
 		co := o.cuda()
 		co.LibPath = c.LibPath
+		if o.Synthetic != nil {
+			b, err := cuda.OpenSynthetic(ctx, *o.Synthetic, co)
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
+		}
 		b, err := cuda.OpenContext(ctx, dir, co)
 		if err != nil {
 			return nil, err
@@ -145,6 +163,13 @@ func Open(ctx context.Context, name, dir string, o Options) (engine.Backend, err
 	default:
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		if o.Synthetic != nil {
+			b, err := cpu.OpenSynthetic(ctx, *o.Synthetic, o.cpu())
+			if err != nil {
+				return nil, err
+			}
+			return b, nil
 		}
 		b, err := cpu.Open(dir, o.cpu())
 		if err != nil {

@@ -212,6 +212,9 @@ type RunResult struct {
 
 	Floor      *FloorResult `json:"floor,omitempty"`
 	Projection *FloorResult `json:"projection,omitempty"`
+	// Profile is the GPU time of the run's steps by kernel family (--profile;
+	// prefill and decode steps together, as they ran).
+	Profile *ProfileReport `json:"profile,omitempty"`
 }
 
 // requestTiming is what one request's stream showed.
@@ -224,6 +227,12 @@ type requestTiming struct {
 // Run measures one workload run per concurrency value on a running engine,
 // one after the other. done, if not nil, is called after each run.
 func Run(ctx context.Context, eng *engine.Engine, w Workload, done func(RunResult)) ([]RunResult, error) {
+	return RunProfiled(ctx, eng, w, nil, done)
+}
+
+// RunProfiled is Run that also profiles the measured part of every run with
+// prof (the engine's backend) when prof is not nil.
+func RunProfiled(ctx context.Context, eng *engine.Engine, w Workload, prof Profiler, done func(RunResult)) ([]RunResult, error) {
 	lim := eng.Limits()
 	if err := w.Check(lim); err != nil {
 		return nil, err
@@ -234,7 +243,7 @@ func Run(ctx context.Context, eng *engine.Engine, w Workload, done func(RunResul
 			slog.Warn("bench: the KV pool cannot hold every request at full length; expect preemptions",
 				"concurrency", c, "blocks_needed", blocks, "kv_blocks", lim.NumKVBlocks)
 		}
-		r, err := runOne(ctx, eng, w, c, uint64(i))
+		r, err := runOne(ctx, eng, w, c, uint64(i), prof)
 		if err != nil {
 			return results, fmt.Errorf("run at concurrency %d: %w", c, err)
 		}
@@ -247,7 +256,7 @@ func Run(ctx context.Context, eng *engine.Engine, w Workload, done func(RunResul
 }
 
 // runOne runs the warm-up and then the measured requests at concurrency c.
-func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex uint64) (RunResult, error) {
+func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex uint64, prof Profiler) (RunResult, error) {
 	vocab := eng.Limits().VocabSize
 	rng := rand.New(rand.NewPCG(uint64(w.Seed), runIndex))
 	nWarm, nReq := w.warmupFor(c), w.requestsFor(c)
@@ -270,13 +279,29 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 			return RunResult{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
+	if prof != nil {
+		if err := prof.StartProfile(); err != nil {
+			return RunResult{}, fmt.Errorf("start profile: %w", err)
+		}
+	}
 	before := eng.Stats()
 	start := time.Now()
 	timings, err := drive(ctx, eng, w, c, measured, seedBase)
 	if err != nil {
+		if prof != nil {
+			_, _ = prof.StopProfile()
+		}
 		return RunResult{}, err
 	}
 	after := eng.Stats()
+	var profile *ProfileReport
+	if prof != nil {
+		p, err := prof.StopProfile()
+		if err != nil {
+			return RunResult{}, fmt.Errorf("stop profile: %w", err)
+		}
+		profile = NewProfileReport(p, nil)
+	}
 	end := start
 	for _, t := range timings {
 		if t.last.After(end) {
@@ -289,6 +314,7 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 		WallSeconds:       wall.Seconds(),
 		Steps:             stepStats(before, after, wall),
 		MeanDecodeContext: float64(w.InputLen) + float64(w.OutputLen)/2,
+		Profile:           profile,
 	}
 	ttft := make([]float64, 0, len(timings))
 	tpot := make([]float64, 0, len(timings))

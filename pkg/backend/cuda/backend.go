@@ -50,6 +50,9 @@ type Options struct {
 	// and an FP32 lm_head. Slow; for comparing with float32 references such
 	// as the transformers golden files. The default is the real FP8 path.
 	Exact bool
+	// NoGraphs launches every kernel of every step; by default decode steps
+	// are captured as CUDA graphs per batch-size bucket and replayed.
+	NoGraphs bool
 }
 
 // Backend is a loaded CUDA engine. It implements engine.Backend.
@@ -180,7 +183,21 @@ func OpenContext(ctx context.Context, dir string, o Options) (*Backend, error) {
 	if err := b.loadTensors(ctx, ckpt, skip); err != nil {
 		return nil, err
 	}
-	var info RuntimeInfo
+	if err := b.finish(path, cfg); err != nil {
+		return nil, err
+	}
+	ok = true
+	return b, nil
+}
+
+// finish finalizes the engine once every tensor is in place (loaded or
+// synthesized), reads back what the runtime became and sets up the step
+// buffers and limits.
+func (b *Backend) finish(path string, cfg *model.Config) error {
+	var (
+		info RuntimeInfo
+		err  error
+	)
 	b.thread.run(func() {
 		if err = b.eng.finalize(); err != nil {
 			return
@@ -191,13 +208,13 @@ func OpenContext(ctx context.Context, dir string, o Options) (*Backend, error) {
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cuda backend: %w", err)
+		return fmt.Errorf("cuda backend: %w", err)
 	}
 	if err := info.check(cfg); err != nil {
-		return nil, fmt.Errorf("cuda backend %s: %w", path, err)
+		return fmt.Errorf("cuda backend %s: %w", path, err)
 	}
 	if b.bufs, err = newStepBuffers(); err != nil {
-		return nil, err
+		return err
 	}
 	b.rt = info
 	b.lim = limits{
@@ -212,8 +229,7 @@ func OpenContext(ctx context.Context, dir string, o Options) (*Backend, error) {
 	slog.Info("cuda backend ready", "lib", path, "device", info.Device, "tp", info.TensorParallel,
 		"kv_blocks", info.NumKVBlocks, "kv_block_size", info.KVBlockSize,
 		"weights_gb", float64(info.WeightBytes)/1e9, "kv_gb", float64(info.KVBytes)/1e9)
-	ok = true
-	return b, nil
+	return nil
 }
 
 // loadTensors hands every checkpoint tensor (sorted by name, so failures are

@@ -100,6 +100,9 @@ func engineOptions(o Options) (C.glmrt_engine_options, error) {
 		co.exact_activations = 1
 		co.fp32_cache_and_head = 1
 	}
+	if o.NoGraphs {
+		co.disable_graphs = 1
+	}
 	return co, nil
 }
 

@@ -26,12 +26,16 @@ typedef struct glmrt_api {
 	__typeof__(glmrt_finalize) *finalize;
 	__typeof__(glmrt_step) *step;
 	__typeof__(glmrt_engine_destroy) *engine_destroy;
+	__typeof__(glmrt_synthesize) *synthesize;
+	__typeof__(glmrt_profile_enable) *profile_enable;
+	__typeof__(glmrt_profile_read) *profile_read;
 } glmrt_api;
 
 // The symbols, in glmrt_api order (after handle).
 static const char *const glmrt_api_names[] = {
 	"glmrt_abi_version", "glmrt_last_error", "glmrt_device_count", "glmrt_engine_create",
 	"glmrt_get_info", "glmrt_load_tensor", "glmrt_finalize", "glmrt_step", "glmrt_engine_destroy",
+	"glmrt_synthesize", "glmrt_profile_enable", "glmrt_profile_read",
 };
 enum { GLMRT_API_NSYMS = sizeof(glmrt_api_names) / sizeof(glmrt_api_names[0]) };
 
@@ -54,6 +58,7 @@ static int glmrt_api_load(const char *path, glmrt_api *api, char *err, size_t n)
 		(void **)&api->abi_version, (void **)&api->last_error, (void **)&api->device_count,
 		(void **)&api->engine_create, (void **)&api->get_info, (void **)&api->load_tensor,
 		(void **)&api->finalize, (void **)&api->step, (void **)&api->engine_destroy,
+		(void **)&api->synthesize, (void **)&api->profile_enable, (void **)&api->profile_read,
 	};
 	for (int i = 0; i < GLMRT_API_NSYMS; i++) {
 		dlerror();
@@ -90,6 +95,11 @@ static int call_load_tensor(const glmrt_api *a, glmrt_engine *e, const char *nam
 static int call_finalize(const glmrt_api *a, glmrt_engine *e) { return a->finalize(e); }
 static int call_step(const glmrt_api *a, glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) { return a->step(e, b, r); }
 static void call_engine_destroy(const glmrt_api *a, glmrt_engine *e) { a->engine_destroy(e); }
+static int call_synthesize(const glmrt_api *a, glmrt_engine *e, uint64_t seed) { return a->synthesize(e, seed); }
+static int call_profile_enable(const glmrt_api *a, glmrt_engine *e, int32_t on) { return a->profile_enable(e, on); }
+static int call_profile_read(const glmrt_api *a, glmrt_engine *e, glmrt_profile *out, int32_t reset) {
+	return a->profile_read(e, out, reset);
+}
 */
 import "C"
 
@@ -257,6 +267,38 @@ func (e *rtEngine) step(b *C.glmrt_batch, r *C.glmrt_result) error {
 		return e.lib.fail("glmrt_step", rc)
 	}
 	return nil
+}
+
+// synthesize fills every tensor with the synthetic weights of seed on the GPU
+// (glmrt_synthesize), instead of loadTensor calls.
+func (e *rtEngine) synthesize(seed uint64) error {
+	if rc := C.call_synthesize(e.lib.api, e.h, C.uint64_t(seed)); rc != C.GLMRT_OK {
+		return e.lib.fail("glmrt_synthesize", rc)
+	}
+	return nil
+}
+
+func (e *rtEngine) profileEnable(on bool) error {
+	v := C.int32_t(0)
+	if on {
+		v = 1
+	}
+	if rc := C.call_profile_enable(e.lib.api, e.h, v); rc != C.GLMRT_OK {
+		return e.lib.fail("glmrt_profile_enable", rc)
+	}
+	return nil
+}
+
+func (e *rtEngine) profileRead(reset bool) (C.glmrt_profile, error) {
+	var p C.glmrt_profile
+	v := C.int32_t(0)
+	if reset {
+		v = 1
+	}
+	if rc := C.call_profile_read(e.lib.api, e.h, &p, v); rc != C.GLMRT_OK {
+		return p, e.lib.fail("glmrt_profile_read", rc)
+	}
+	return p, nil
 }
 
 func (e *rtEngine) destroy() {

@@ -49,6 +49,10 @@ struct glmrt_engine {
   int64_t loaded_bytes, n_tensors;
   uint64_t byte_sum;
   int finalized;
+  int synthesized;
+  uint64_t seed;
+  int profiling;
+  int64_t profiled_steps;
 };
 
 static int pick(int32_t v, int32_t def) { return v > 0 ? v : def; }
@@ -73,7 +77,7 @@ int glmrt_engine_create(const glmrt_model_config *c, const glmrt_engine_options 
   if (c->hidden_size <= 0 || c->vocab_size <= 0 || c->num_hidden_layers <= 0 || c->head_dim != 128)
     return fail(GLMRT_ERR_INVALID, "fake: bad config (hidden_size %d, vocab_size %d, head_dim %d)", c->hidden_size,
                 c->vocab_size, c->head_dim);
-  for (int i = 0; i < 5; i++)
+  for (int i = 0; i < 4; i++)
     if (o->reserved[i] != 0) return fail(GLMRT_ERR_INVALID, "fake: reserved[%d] is not zero", i);
   if (o->kv_block_size > 1024) return fail(GLMRT_ERR_INVALID, "fake: kv_block_size %d > 1024", o->kv_block_size);
   glmrt_engine *e = calloc(1, sizeof *e);
@@ -148,6 +152,7 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
   int rc = same_thread(e);
   if (rc) return rc;
   if (!e->finalized) return fail(GLMRT_ERR_STATE, "fake: step before finalize");
+  if (e->profiling) e->profiled_steps++;
   glmrt_info info;
   glmrt_get_info(e, &info);
   int vocab = e->cfg.vocab_size, bs = info.kv_block_size;
@@ -218,3 +223,41 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
 #endif
 
 void glmrt_engine_destroy(glmrt_engine *e) { free(e); }
+
+/* Synthetic weights: counts as one tensor of 0 bytes and records the seed
+ * (reported as workspace_bytes) so the Go test can see it arrived. */
+int glmrt_synthesize(glmrt_engine *e, uint64_t seed) {
+  int rc = same_thread(e);
+  if (rc) return rc;
+  if (e->n_tensors || e->synthesized) return fail(GLMRT_ERR_STATE, "fake: synthesize after tensors were loaded");
+  e->synthesized = 1;
+  e->seed = seed;
+  e->n_tensors = 1;
+  e->byte_sum = seed;
+  return ok();
+}
+
+/* Profile: counts the steps run while enabled; one launch of each family. */
+int glmrt_profile_enable(glmrt_engine *e, int32_t on) {
+  int rc = same_thread(e);
+  if (rc) return rc;
+  if (on != 0 && on != 1) return fail(GLMRT_ERR_INVALID, "fake: profile on %d", on);
+  e->profiling = on;
+  if (on) e->profiled_steps = 0;
+  return ok();
+}
+
+int glmrt_profile_read(glmrt_engine *e, glmrt_profile *out, int32_t reset) {
+  int rc = same_thread(e);
+  if (rc) return rc;
+  memset(out, 0, sizeof *out);
+  out->steps = e->profiled_steps;
+  for (int f = 0; f < GLMRT_PROF_N; f++) {
+    out->family_us[f] = (double)(f + 1) * (double)e->profiled_steps;
+    out->family_bytes[f] = (int64_t)(f + 1) * 1000 * e->profiled_steps;
+    out->family_launches[f] = e->profiled_steps;
+    out->step_us += out->family_us[f];
+  }
+  if (reset) e->profiled_steps = 0;
+  return ok();
+}

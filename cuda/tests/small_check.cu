@@ -1,0 +1,1837 @@
+// small_check — correctness and speed of the small decode kernels of
+// cuda/kernels (norm_rope.cu, moe.cu, quant.cu, embed.cu): add_rmsnorm,
+// qk_norm_rope_kv_write, router_topk / router_fused / moe_align, moe_combine,
+// quant_rows_fp8, silu_mul_quant_fp8, embed_gather.
+//
+//   small_check [--seed N] [--bench] [--bench-only]
+//
+// Correctness: fresh random inputs, outputs poisoned before each run and checked
+// fully written (and, where a kernel must not write, untouched); float64 CPU
+// references; the kernels that must give the same results as before this
+// rewrite are compared bit for bit with verbatim copies of the previous
+// kernels (namespace prev below), and add_rmsnorm with a CPU emulation of its
+// float formula. Prints one row per check and "small_check: N checks, M failed";
+// exits non-zero on any failure.
+//
+// --bench: each kernel at full GLM-4.7 decode shapes (one GPU of 8: hidden
+// 5120, 12 q + 1 kv heads, 20 local experts + shared, intermediate 1536) for
+// T in {1, 4, 16, 64, 256}: microseconds per call from 20 calls captured in one
+// CUDA graph, median of 11 replays after warm-up; the previous kernel beside the
+// new one, and for the router the fused launch beside cuBLAS SGEMM +
+// router_topk + moe_align, for E = 20 and E = 160.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "common.cuh"
+#include "kernels.h"
+
+using namespace glmk;
+
+#define CK(call)                                                                             \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) {                                                                 \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(2);                                                                               \
+    }                                                                                        \
+  } while (0)
+#define CKS(call)                                                                \
+  do {                                                                           \
+    std::string e_ = (call);                                                     \
+    if (!e_.empty()) {                                                           \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, e_.c_str()); \
+      exit(2);                                                                   \
+    }                                                                            \
+  } while (0)
+#define CKB(call)                                                                          \
+  do {                                                                                     \
+    cublasStatus_t s_ = (call);                                                            \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+      fprintf(stderr, "%s:%d: %s: cuBLAS status %d\n", __FILE__, __LINE__, #call, (int)s_); \
+      exit(2);                                                                             \
+    }                                                                                      \
+  } while (0)
+
+static std::mt19937_64 rng;
+
+// ------------------------------------------------------------ host numerics
+
+static double fp8_pos[127];
+static void init_fp8() {
+  for (int c = 0; c < 127; ++c) {
+    const int e = c >> 3, m = c & 7;
+    fp8_pos[c] = e == 0 ? (m / 8.0) * std::ldexp(1.0, -6) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+  }
+}
+static double fp8_dec(uint8_t b) {
+  if ((b & 0x7f) == 0x7f) return NAN;
+  const double v = fp8_pos[b & 0x7f];
+  return (b & 0x80) ? -v : v;
+}
+// Round to nearest even with saturation to 448 (== clamp then RNE).
+static uint8_t fp8_enc(float xf) {
+  const double x = xf;
+  const double mag = std::min(std::fabs(x), 448.0);
+  int hi = int(std::lower_bound(fp8_pos, fp8_pos + 127, mag) - fp8_pos);
+  hi = std::min(hi, 126);
+  const int lo = std::max(hi - 1, 0);
+  const double dlo = mag - fp8_pos[lo], dhi = fp8_pos[hi] - mag;
+  int code = (dhi < dlo || (dhi == dlo && hi % 2 == 0)) ? hi : lo;
+  if (mag == 0) code = 0;
+  return (uint8_t)(code | (std::signbit(x) ? 0x80 : 0));
+}
+static float bf16_round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
+  float r;
+  memcpy(&r, &u, 4);
+  return r;
+}
+static uint16_t bf16_bits(float f) {
+  float r = bf16_round(f);
+  uint32_t u;
+  memcpy(&u, &r, 4);
+  return (uint16_t)(u >> 16);
+}
+static float bf16_val(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint32_t fbits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+static float randn() {
+  std::normal_distribution<float> d(0.f, 1.f);
+  return d(rng);
+}
+static float randu(float a, float b) {
+  std::uniform_real_distribution<float> d(a, b);
+  return d(rng);
+}
+static int randi(int a, int b) {  // inclusive
+  std::uniform_int_distribution<int> d(a, b);
+  return d(rng);
+}
+
+// ------------------------------------------------------------ device buffers
+
+template <typename T>
+struct Dev {
+  T* p = nullptr;
+  size_t n = 0;
+  Dev() = default;
+  explicit Dev(size_t count) : n(count) { CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
+  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
+  ~Dev() {
+    if (p) cudaFree(p);
+  }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void up(const std::vector<T>& h) {
+    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<T> down() const {
+    std::vector<T> h(n);
+    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  // 0xff: NaN for floats, 0xff for bytes; ints get 0x7f7f7f7f (-1 is a real id).
+  void poison(int byte = sizeof(T) == 4 && std::is_integral<T>::value ? 0x7f : 0xff) {
+    CK(cudaMemset(p, byte, std::max<size_t>(1, n) * sizeof(T)));
+  }
+  void zero() { CK(cudaMemset(p, 0, std::max<size_t>(1, n) * sizeof(T))); }
+};
+static const int kPoisonInt = 0x7f7f7f7f;
+
+// ------------------------------------------------------------ result table
+
+struct Row {
+  std::string name, detail;
+  double err, tol;
+  bool ok;
+};
+static std::vector<Row> table;
+
+static double rel_err(const std::vector<double>& out, const std::vector<double>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    if (!std::isfinite(out[i])) return NAN;
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+static void report(const std::string& name, const std::string& detail, double err, double tol) {
+  const bool ok = std::isfinite(err) && err <= tol;
+  table.push_back({name, detail, err, tol, ok});
+  printf("%-26s %-58s err=%.3e tol=%.1e %s\n", name.c_str(), detail.c_str(), err, tol,
+         ok ? "ok" : "FAIL");
+  fflush(stdout);
+}
+// An exact check: passes iff bad == 0.
+static void report_exact(const std::string& name, const std::string& detail, size_t bad) {
+  report(name, detail, bad ? 1.0 : 0.0, 0.0);
+}
+static std::string fmt(const char* f, ...) {
+  char b[512];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(b, sizeof b, f, ap);
+  va_end(ap);
+  return b;
+}
+
+// ------------------------------------------------------------ previous kernels
+// Verbatim copies of the kernels as they were before the decode rewrite (the
+// launch shapes included), to check the new ones give the same bits and to
+// time both.
+namespace prev {
+
+constexpr int kNormThreads = 256;
+
+__global__ void add_rmsnorm_kernel(AddNormArgs a) {
+  const int i = blockIdx.x;
+  const int src = a.row_index ? a.row_index[i] : i;
+  __shared__ float scratch[32];
+  float* h = a.h + (int64_t)src * a.hidden;
+  const float* d = a.delta ? a.delta + (int64_t)src * a.hidden : nullptr;
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+    float v = h[c];
+    if (d) {
+      v += d[c];
+      h[c] = v;
+    }
+    ss += v * v;
+  }
+  ss = block_reduce(ss, scratch, SumOp());
+  const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
+  float amax = 0.f;
+  for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+    const float y = a.weight[c] * (h[c] * r);
+    if (a.out_f32) a.out_f32[(int64_t)i * a.hidden + c] = y;
+    if (a.out_bf16) a.out_bf16[(int64_t)i * a.hidden + c] = __float2bfloat16_rn(y);
+    amax = fmaxf(amax, fabsf(y));
+  }
+  if (!a.out_q) return;
+  amax = block_reduce(amax, scratch, MaxOp());
+  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
+    const float y = a.weight[c] * (h[c] * r);
+    a.out_q[(int64_t)i * a.hidden + c] = f32_to_e4m3(y / s);
+  }
+  if (threadIdx.x == 0) a.out_scale[i] = s;
+}
+static void add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
+  add_rmsnorm_kernel<<<a.rows, kNormThreads, 0, st>>>(a);
+  CK(cudaGetLastError());
+}
+
+constexpr int kRopeWarps = 8;
+__global__ void qk_rope_kernel(QkRopeArgs a) {
+  const int t = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n_heads = a.n_q_heads + 2 * a.n_kv_heads;
+  const int pos = a.positions[t];
+  const int slot = a.slots[t];
+  const int blk = slot / a.block_size, off = slot % a.block_size;
+  const int half = a.rot_dim / 2;
+  const int q4 = half / 4;
+  const float* row = a.qkv + (int64_t)t * n_heads * 128;
+  for (int hd = warp; hd < n_heads; hd += kRopeWarps) {
+    float4 v = reinterpret_cast<const float4*>(row + hd * 128)[lane];
+    const bool is_q = hd < a.n_q_heads;
+    const bool is_k = !is_q && hd < a.n_q_heads + a.n_kv_heads;
+    if (is_q || is_k) {
+      const float* w = is_q ? a.q_norm : a.k_norm;
+      if (w) {
+        float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+        const float r = 1.0f / sqrtf(ss / 128.0f + a.eps);
+        const float4 wv = reinterpret_cast<const float4*>(w)[lane];
+        v.x = wv.x * (v.x * r);
+        v.y = wv.y * (v.y * r);
+        v.z = wv.z * (v.z * r);
+        v.w = wv.w * (v.w * r);
+      }
+      int src = lane;
+      if (lane < q4) src = lane + q4;
+      else if (lane < 2 * q4) src = lane - q4;
+      float px = __shfl_sync(0xffffffffu, v.x, src);
+      float py = __shfl_sync(0xffffffffu, v.y, src);
+      float pz = __shfl_sync(0xffffffffu, v.z, src);
+      float pw = __shfl_sync(0xffffffffu, v.w, src);
+      if (lane < 2 * q4) {
+        const bool first = lane < q4;
+        const float sgn = first ? -1.0f : 1.0f;
+        float xs[4] = {v.x, v.y, v.z, v.w};
+        float ps[4] = {px, py, pz, pw};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int j = lane * 4 + i;
+          const float ang = (float)pos * a.inv_freq[j % half];
+          float sn, cs;
+          sincosf(ang, &sn, &cs);
+          xs[i] = xs[i] * cs + sgn * ps[i] * sn;
+        }
+        v = make_float4(xs[0], xs[1], xs[2], xs[3]);
+      }
+      if (is_q) {
+        reinterpret_cast<float4*>(a.q_out + ((int64_t)t * a.n_q_heads + hd) * 128)[lane] = v;
+        continue;
+      }
+    }
+    const int kvh = is_k ? hd - a.n_q_heads : hd - a.n_q_heads - a.n_kv_heads;
+    const int64_t elem = (((int64_t)blk * a.n_kv_heads + kvh) * a.block_size + off) * 128 + lane * 4;
+    void* cache = is_k ? a.k_cache : a.v_cache;
+    if (a.kv_f32) {
+      *reinterpret_cast<float4*>(static_cast<float*>(cache) + elem) = v;
+    } else {
+      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(cache) + elem;
+      reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(v.x, v.y);
+      reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(v.z, v.w);
+    }
+  }
+}
+static void qk_rope(const QkRopeArgs& a, cudaStream_t st) {
+  qk_rope_kernel<<<a.T, kRopeWarps * 32, 0, st>>>(a);
+  CK(cudaGetLastError());
+}
+
+constexpr int kThreads = 256;
+__global__ void quant_rows_kernel(const float* __restrict__ x, int64_t ldx, int cols,
+                                  uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scale,
+                                  const int* __restrict__ rows_dev) {
+  const int r = blockIdx.x;
+  if (rows_dev && r >= *rows_dev) return;
+  __shared__ float scratch[32];
+  const float4* xr = reinterpret_cast<const float4*>(x + r * ldx);
+  const int n4 = cols / 4;
+  float amax = 0.f;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = xr[i];
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+  }
+  amax = block_reduce(amax, scratch, MaxOp());
+  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  uint32_t* qr = reinterpret_cast<uint32_t*>(q + r * ldq);
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 v = xr[i];
+    qr[i] = (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
+            ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
+  }
+  if (threadIdx.x == 0) scale[r] = s;
+}
+static void quant_rows(const float* x, int64_t ldx, int rows, int cols, uint8_t* q, int64_t ldq,
+                       float* scale, const int* rows_dev, cudaStream_t st) {
+  quant_rows_kernel<<<rows, kThreads, 0, st>>>(x, ldx, cols, q, ldq, scale, rows_dev);
+  CK(cudaGetLastError());
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
+__global__ void silu_mul_quant_kernel(const float* __restrict__ gu, int inter,
+                                      uint8_t* __restrict__ q, float* __restrict__ scale,
+                                      const int* __restrict__ rows_dev) {
+  const int r = blockIdx.x;
+  if (rows_dev && r >= *rows_dev) return;
+  __shared__ float scratch[32];
+  const float4* g4 = reinterpret_cast<const float4*>(gu + (int64_t)r * 2 * inter);
+  const float4* u4 = g4 + inter / 4;
+  const int n4 = inter / 4;
+  float amax = 0.f;
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 g = g4[i], u = u4[i];
+    float a = silu(g.x) * u.x, b = silu(g.y) * u.y, c = silu(g.z) * u.z, d = silu(g.w) * u.w;
+    amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a), fabsf(b)), fmaxf(fabsf(c), fabsf(d))));
+  }
+  amax = block_reduce(amax, scratch, MaxOp());
+  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  uint32_t* qr = reinterpret_cast<uint32_t*>(q + (int64_t)r * inter);
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+    float4 g = g4[i], u = u4[i];
+    float a = silu(g.x) * u.x, b = silu(g.y) * u.y, c = silu(g.z) * u.z, d = silu(g.w) * u.w;
+    qr[i] = (uint32_t)f32_to_e4m3(a / s) | ((uint32_t)f32_to_e4m3(b / s) << 8) |
+            ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
+  }
+  if (threadIdx.x == 0) scale[r] = s;
+}
+static void silu_mul_quant(const float* gu, int rows, int inter, uint8_t* q, float* scale,
+                           const int* rows_dev, cudaStream_t st) {
+  silu_mul_quant_kernel<<<rows, kThreads, 0, st>>>(gu, inter, q, scale, rows_dev);
+  CK(cudaGetLastError());
+}
+
+constexpr int kMaxExpertsPerLane = 16;
+constexpr int kRouterWarps = 4;
+__device__ __forceinline__ bool better(float v, int i, float w, int j) {
+  return v > w || (v == w && i < j);
+}
+__device__ __forceinline__ void warp_argmax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    const int j = __shfl_xor_sync(0xffffffffu, i, o);
+    if (better(w, j, v, i)) {
+      v = w;
+      i = j;
+    }
+  }
+}
+__global__ void router_kernel(RouterArgs a) {
+  const int lane = threadIdx.x & 31;
+  const int t = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
+  if (t >= a.T) return;
+  const float* lg = a.logits + (int64_t)t * a.E;
+  float sc[kMaxExpertsPerLane], sel[kMaxExpertsPerLane];
+#pragma unroll
+  for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+    const int e = lane + 32 * j;
+    sc[j] = 0.f;
+    sel[j] = -INFINITY;
+    if (e < a.E) {
+      sc[j] = 1.0f / (1.0f + expf(-lg[e]));
+      sel[j] = sc[j] + a.bias[e];
+    }
+  }
+  if (a.n_group > 1) {
+    const int gsz = a.E / a.n_group;
+    float gscore = -INFINITY;
+    for (int gi = 0; gi < a.n_group; ++gi) {
+      float top2 = 0.f;
+      int taken = -1;
+      for (int pass = 0; pass < 2; ++pass) {
+        float v = -INFINITY;
+        int idx = 0x7fffffff;
+#pragma unroll
+        for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+          const int e = lane + 32 * j;
+          if (e < a.E && e / gsz == gi && e != taken && better(sel[j], e, v, idx)) {
+            v = sel[j];
+            idx = e;
+          }
+        }
+        warp_argmax(v, idx);
+        top2 += v;
+        taken = idx;
+      }
+      if (lane == gi) gscore = top2;
+    }
+    uint32_t keep = 0;
+    for (int k = 0; k < a.topk_group; ++k) {
+      float v = (lane < a.n_group && !((keep >> lane) & 1)) ? gscore : -INFINITY;
+      int idx = lane < a.n_group ? lane : 0x7fffffff;
+      warp_argmax(v, idx);
+      keep |= 1u << idx;
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < a.E && !((keep >> (e / gsz)) & 1)) sel[j] = -INFINITY;
+    }
+  }
+  uint32_t taken = 0;
+  const int slots = a.slots > 0 ? a.slots : a.top_k + (a.shared_local >= 0 ? 1 : 0);
+  float wsum = 0.f, my_w = 0.f;
+  int my_e = -1;
+  for (int k = 0; k < a.top_k; ++k) {
+    float v = -INFINITY;
+    int idx = 0x7fffffff;
+    float s_of = 0.f;
+#pragma unroll
+    for (int j = 0; j < kMaxExpertsPerLane; ++j) {
+      const int e = lane + 32 * j;
+      if (e < a.E && !((taken >> j) & 1) && better(sel[j], e, v, idx)) {
+        v = sel[j];
+        idx = e;
+        s_of = sc[j];
+      }
+    }
+    float vb = v;
+    int ib = idx;
+    warp_argmax(vb, ib);
+    if (ib == idx) {
+      taken |= 1u << (idx / 32);
+    }
+    const float w = __shfl_sync(0xffffffffu, s_of, ib & 31);
+    wsum += w;
+    if (lane == k) {
+      my_w = w;
+      my_e = ib;
+    }
+  }
+  if (lane < a.top_k) {
+    float w = my_w;
+    if (a.norm_topk) w = w / (wsum + 1e-20f);
+    w *= a.scale;
+    const int local = (my_e >= a.expert_begin && my_e < a.expert_begin + a.n_local)
+                          ? my_e - a.expert_begin
+                          : -1;
+    a.ids[(int64_t)t * slots + lane] = local;
+    a.w[(int64_t)t * slots + lane] = w;
+    if (a.topk_global) a.topk_global[(int64_t)t * a.top_k + lane] = my_e;
+  }
+  if (lane == 0 && slots > a.top_k) {
+    a.ids[(int64_t)t * slots + a.top_k] = a.shared_local;
+    a.w[(int64_t)t * slots + a.top_k] = 1.0f;
+  }
+}
+static void router_topk(const RouterArgs& a, cudaStream_t st) {
+  router_kernel<<<ceil_div(a.T, kRouterWarps), kRouterWarps * 32, 0, st>>>(a);
+  CK(cudaGetLastError());
+}
+
+constexpr int kAlignThreads = 1024;
+constexpr int kMaxGroups = 1024;
+__global__ void align_kernel(const int* __restrict__ ids, int n, int slots, int G,
+                             int* __restrict__ offsets, int* __restrict__ sorted_rows,
+                             int* __restrict__ inv) {
+  __shared__ int cnt[kMaxGroups];
+  __shared__ int cur[kMaxGroups];
+  for (int i = threadIdx.x; i < G; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int e = ids[i];
+    if (e >= 0 && e < G) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int run = 0;
+    for (int g = 0; g < G; ++g) {
+      offsets[g] = run;
+      cur[g] = run;
+      run += cnt[g];
+    }
+    offsets[G] = run;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int e = ids[i];
+    if (e >= 0 && e < G) {
+      const int pos = atomicAdd(&cur[e], 1);
+      sorted_rows[pos] = i / slots;
+      inv[i] = pos;
+    } else {
+      inv[i] = -1;
+    }
+  }
+}
+static void moe_align(const int* ids, int T, int slots, int n_groups, int* offsets, int* sorted_rows,
+                      int* inv, cudaStream_t st) {
+  align_kernel<<<1, kAlignThreads, 0, st>>>(ids, T * slots, slots, n_groups, offsets, sorted_rows,
+                                            inv);
+  CK(cudaGetLastError());
+}
+
+__global__ void combine_kernel(const float* __restrict__ y, const int* __restrict__ inv,
+                               const float* __restrict__ w, int slots, int H,
+                               float* __restrict__ delta) {
+  const int t = blockIdx.x;
+  const int n4 = H / 4;
+  for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < slots; ++j) {
+      const int p = inv[(int64_t)t * slots + j];
+      if (p < 0) continue;
+      const float wj = w[(int64_t)t * slots + j];
+      const float4 v = reinterpret_cast<const float4*>(y + (int64_t)p * H)[c];
+      acc.x += wj * v.x;
+      acc.y += wj * v.y;
+      acc.z += wj * v.z;
+      acc.w += wj * v.w;
+    }
+    reinterpret_cast<float4*>(delta + (int64_t)t * H)[c] = acc;
+  }
+}
+static void moe_combine(const float* y, const int* inv, const float* w, int T, int slots, int H,
+                        float* delta, cudaStream_t st) {
+  combine_kernel<<<T, 256, 0, st>>>(y, inv, w, slots, H, delta);
+  CK(cudaGetLastError());
+}
+
+__global__ void embed_kernel(const __nv_bfloat16* __restrict__ table, const int* __restrict__ ids,
+                             int H, float* __restrict__ h) {
+  const int t = blockIdx.x;
+  const __nv_bfloat162* row = reinterpret_cast<const __nv_bfloat162*>(table + (int64_t)ids[t] * H);
+  float2* out = reinterpret_cast<float2*>(h + (int64_t)t * H);
+  for (int c = threadIdx.x; c < H / 2; c += blockDim.x) out[c] = __bfloat1622float2(row[c]);
+}
+static void embed_gather(const __nv_bfloat16* table, const int* ids, int T, int H, float* h,
+                         cudaStream_t st) {
+  embed_kernel<<<T, 256, 0, st>>>(table, ids, H, h);
+  CK(cudaGetLastError());
+}
+
+}  // namespace prev
+
+template <typename T>
+static size_t count_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) n += memcmp(&a[i], &b[i], sizeof(T)) != 0;
+  return n + (a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
+}
+
+// ------------------------------------------------------------ add_rmsnorm
+
+// The float formula of add_rmsnorm for one row: y = w * (v * r) with
+// r = 1 / sqrtf(ss / H + eps). The GPU's ss is a float sum in some order, so r
+// is searched among the values of ss within 64 float ulps of the float64 sum.
+// Returns the ulp distance of the matching ss, or -1 if no r reproduces the row.
+static int norm_row_exact(const float* v, const float* w, const float* y, int H, float eps) {
+  double ssd = 0;
+  for (int c = 0; c < H; ++c) ssd += (double)v[c] * v[c];
+  const float ss0 = (float)ssd;
+  float last_r = NAN;
+  for (int k = 0; k <= 64; ++k) {
+    for (int sgn = 0; sgn < 2; ++sgn) {
+      if (k == 0 && sgn) continue;
+      float ss = ss0;
+      for (int i = 0; i < k; ++i) ss = std::nextafter(ss, sgn ? -INFINITY : INFINITY);
+      volatile float m = ss / (float)H;
+      volatile float d = m + eps;
+      volatile float sq = std::sqrt((float)d);
+      const float r = 1.0f / (float)sq;
+      if (fbits(r) == fbits(last_r)) continue;
+      last_r = r;
+      bool ok = true;
+      for (int c = 0; c < H && ok; ++c) {
+        volatile float vr = v[c] * r;
+        const float yy = w[c] * (float)vr;
+        ok = fbits(yy) == fbits(y[c]);
+      }
+      if (ok) return k;
+    }
+  }
+  return -1;
+}
+
+static void check_norm(int H, int rows) {
+  const float eps = 1e-5f;
+  std::vector<float> h0((size_t)rows * H), d((size_t)rows * H), w(H);
+  for (int r = 0; r < rows; ++r) {
+    const float mag = std::pow(10.f, randu(-2, 2));
+    for (int c = 0; c < H; ++c) h0[(size_t)r * H + c] = randn() * mag;
+  }
+  for (auto& v : d) v = randn();
+  for (auto& v : w) v = bf16_round(randu(0.5f, 1.5f));
+  h0[(size_t)(rows / 2) * H + H / 3] = 300.f;  // an outlier sets the FP8 scale of one row
+  Dev<float> dd(d), dw(w);
+  std::vector<int> idx = {rows - 1, 0, rows / 2};
+  Dev<int> didx(idx);
+  const size_t n = (size_t)rows * H;
+
+  for (int use_delta = 1; use_delta >= 0; --use_delta) {
+    const char* dname = use_delta ? "h+=delta" : "no delta";
+    // Reference run: every output.
+    Dev<float> dh(h0), dy(n), ds(rows);
+    Dev<uint16_t> db(n);
+    Dev<uint8_t> dq(n);
+    dy.poison();
+    ds.poison();
+    db.poison();
+    dq.poison();
+    AddNormArgs a;
+    a.h = dh.p;
+    a.delta = use_delta ? dd.p : nullptr;
+    a.weight = dw.p;
+    a.rows = rows;
+    a.hidden = H;
+    a.eps = eps;
+    a.out_f32 = dy.p;
+    a.out_bf16 = (__nv_bfloat16*)db.p;
+    a.out_q = dq.p;
+    a.out_scale = ds.p;
+    CK(add_rmsnorm(a, 0));
+    CK(cudaDeviceSynchronize());
+    const auto gh = dh.down();
+    const auto gy = dy.down();
+    const auto gb = db.down();
+    const auto gq = dq.down();
+    const auto gs = ds.down();
+    // Exact float formula.
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = use_delta ? h0[i] + d[i] : h0[i];
+    size_t bad_h = count_diff(gh, v), bad_rows = 0, bad_b = 0, bad_q = 0, bad_s = 0;
+    int max_ulp = 0;
+    for (int r = 0; r < rows; ++r) {
+      const float* yr = gy.data() + (size_t)r * H;
+      const int k = norm_row_exact(v.data() + (size_t)r * H, w.data(), yr, H, eps);
+      if (k < 0) ++bad_rows;
+      max_ulp = std::max(max_ulp, k);
+      float amax = 0;
+      for (int c = 0; c < H; ++c) amax = std::max(amax, std::fabs(yr[c]));
+      const float s = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
+      bad_s += fbits(s) != fbits(gs[r]);
+      for (int c = 0; c < H; ++c) {
+        bad_b += gb[(size_t)r * H + c] != bf16_bits(yr[c]);
+        bad_q += gq[(size_t)r * H + c] != fp8_enc(yr[c] / s);
+      }
+    }
+    report_exact("add_rmsnorm formula", fmt("H=%d rows=%d %s: rows no r fits %zu (ss ulps<=%d), h %zu", H,
+                                           rows, dname, bad_rows, max_ulp, bad_h),
+                 bad_rows + bad_h);
+    report_exact("add_rmsnorm bf16/fp8 bits", fmt("H=%d %s: bf16 %zu fp8 %zu scale %zu differ", H, dname,
+                                                 bad_b, bad_q, bad_s),
+                 bad_b + bad_q + bad_s);
+    // float64 reference.
+    std::vector<double> ry, oy, ob, oq;
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int c = 0; c < H; ++c) ss += (double)v[(size_t)r * H + c] * v[(size_t)r * H + c];
+      const double inv = 1.0 / std::sqrt(ss / H + eps);
+      for (int c = 0; c < H; ++c) {
+        const size_t i = (size_t)r * H + c;
+        ry.push_back(w[c] * (double)v[i] * inv);
+        oy.push_back(gy[i]);
+        ob.push_back(bf16_val(gb[i]));
+        oq.push_back(fp8_dec(gq[i]) * gs[r]);
+      }
+    }
+    report("add_rmsnorm f32 vs f64", fmt("H=%d %s", H, dname), rel_err(oy, ry), 1e-6);
+    report("add_rmsnorm bf16 vs f64", fmt("H=%d %s", H, dname), rel_err(ob, ry), 5e-3);
+    report("add_rmsnorm fp8 vs f64", fmt("H=%d %s", H, dname), rel_err(oq, ry), 4e-2);
+    // The previous kernel: same h and bf16/fp8 codes except where r moved by an
+    // ulp (expected: none at all).
+    {
+      Dev<float> ph(h0), py(n), ps(rows);
+      Dev<uint16_t> pb(n);
+      Dev<uint8_t> pq(n);
+      AddNormArgs p = a;
+      p.h = ph.p;
+      p.out_f32 = py.p;
+      p.out_bf16 = (__nv_bfloat16*)pb.p;
+      p.out_q = pq.p;
+      p.out_scale = ps.p;
+      prev::add_rmsnorm(p, 0);
+      CK(cudaDeviceSynchronize());
+      const size_t dq_ = count_diff(pq.down(), gq), dh_ = count_diff(ph.down(), gh);
+      const size_t dy_ = count_diff(py.down(), gy);
+      report("add_rmsnorm vs previous", fmt("H=%d %s: fp8 %zu h %zu (f32 y %zu ulp-level) differ", H,
+                                            dname, dq_, dh_, dy_),
+             (double)(dq_ + dh_ * n) / n, 1e-4);
+    }
+    // Every other output combination, with and without row_index: bitwise the
+    // reference run's rows; outputs not asked for untouched.
+    size_t bad = 0, runs = 0;
+    for (int mask = 1; mask < 8; ++mask) {
+      for (int indexed = 0; indexed < 2; ++indexed) {
+        const int R = indexed ? (int)idx.size() : rows;
+        const size_t m = (size_t)R * H;
+        Dev<float> h2(h0), y2(m), s2(R);
+        Dev<uint16_t> b2(m);
+        Dev<uint8_t> q2(m);
+        y2.poison();
+        s2.poison();
+        b2.poison();
+        q2.poison();
+        AddNormArgs c = a;
+        c.h = h2.p;
+        c.rows = R;
+        c.row_index = indexed ? didx.p : nullptr;
+        c.out_f32 = (mask & 1) ? y2.p : nullptr;
+        c.out_bf16 = (mask & 2) ? (__nv_bfloat16*)b2.p : nullptr;
+        c.out_q = (mask & 4) ? q2.p : nullptr;
+        c.out_scale = (mask & 4) ? s2.p : nullptr;
+        CK(add_rmsnorm(c, 0));
+        CK(cudaDeviceSynchronize());
+        ++runs;
+        const auto hy = y2.down();
+        const auto hb = b2.down();
+        const auto hq = q2.down();
+        const auto hs = s2.down();
+        const auto hh = h2.down();
+        for (int i = 0; i < R; ++i) {
+          const int src = indexed ? idx[i] : i;
+          for (int cc = 0; cc < H; ++cc) {
+            const size_t o = (size_t)i * H + cc, g = (size_t)src * H + cc;
+            bad += (mask & 1) ? fbits(hy[o]) != fbits(gy[g]) : !std::isnan(hy[o]);
+            bad += (mask & 2) ? hb[o] != gb[g] : hb[o] != 0xffff;
+            bad += (mask & 4) ? hq[o] != gq[g] : hq[o] != 0xff;
+          }
+          bad += (mask & 4) ? fbits(hs[i]) != fbits(gs[src]) : !std::isnan(hs[i]);
+        }
+        // The residual: rows named (all rows when not indexed) updated, the rest as before.
+        std::vector<bool> named(rows, !indexed);
+        for (int i : idx) named[i] = named[i] || indexed;
+        for (int r = 0; r < rows; ++r)
+          for (int cc = 0; cc < H; ++cc) {
+            const size_t g = (size_t)r * H + cc;
+            bad += fbits(hh[g]) != fbits(named[r] ? gh[g] : h0[g]);
+          }
+      }
+    }
+    report_exact("add_rmsnorm outputs", fmt("H=%d %s: %zu runs (7 output sets x row_index), %zu differ",
+                                           H, dname, runs, bad),
+                 bad);
+  }
+}
+
+// ------------------------------------------------------------ qk rope
+
+static std::vector<float> make_inv_freq(int rot, float theta) {
+  std::vector<float> f(rot / 2);
+  for (int i = 0; i < rot / 2; ++i) f[i] = 1.0f / std::pow(theta, (float)(2 * i) / (float)rot);
+  return f;
+}
+
+static void check_rope(int T, int NH, int NKV, bool f32) {
+  const int D = 128, rot = 64, bs = 16, nblocks = std::max(64, 2 * T / bs + 8);
+  const int W = (NH + 2 * NKV) * D;
+  std::vector<float> qkv((size_t)T * W), qn(D), kn(D);
+  for (auto& v : qkv) v = randn() * 2 + 0.5f;
+  for (auto& v : qn) v = bf16_round(randu(0.5f, 1.5f));
+  for (auto& v : kn) v = bf16_round(randu(0.5f, 1.5f));
+  std::vector<int> pos(T), slots(T), slots_all(T);
+  std::vector<int> perm(nblocks * bs);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  int n_valid = 0;
+  for (int t = 0; t < T; ++t) {
+    pos[t] = t == 0 ? 202751 : t == 1 ? 0 : randi(0, 131071);
+    slots_all[t] = perm[t];
+    slots[t] = (t % 3 == 1) ? -1 : perm[t];  // every third token a padding row
+    n_valid += slots[t] >= 0;
+  }
+  auto inv = make_inv_freq(rot, 1e6f);
+  const size_t cache_n = (size_t)nblocks * NKV * bs * D;
+  const size_t ce = f32 ? 2 : 1;
+  Dev<float> dqkv(qkv), dqn(qn), dkn(kn), dinv(inv), dq((size_t)T * NH * D), pq((size_t)T * NH * D);
+  Dev<int> dpos(pos), dslot(slots), dslot_all(slots_all);
+  Dev<uint16_t> dk(cache_n * ce), dv(cache_n * ce), pk(cache_n * ce), pv(cache_n * ce);
+  dq.poison();
+  pq.poison();
+  dk.poison();
+  dv.poison();
+  pk.poison();
+  pv.poison();
+  QkRopeArgs a;
+  a.kv_f32 = f32;
+  a.qkv = dqkv.p;
+  a.T = T;
+  a.n_q_heads = NH;
+  a.n_kv_heads = NKV;
+  a.rot_dim = rot;
+  a.q_norm = dqn.p;
+  a.k_norm = dkn.p;
+  a.inv_freq = dinv.p;
+  a.positions = dpos.p;
+  a.slots = dslot.p;
+  a.block_size = bs;
+  a.q_out = dq.p;
+  a.k_cache = dk.p;
+  a.v_cache = dv.p;
+  CK(qk_norm_rope_kv_write(a, 0));
+  QkRopeArgs p = a;  // the previous kernel, every token with a real slot
+  p.slots = dslot_all.p;
+  p.q_out = pq.p;
+  p.k_cache = pk.p;
+  p.v_cache = pv.p;
+  prev::qk_rope(p, 0);
+  CK(cudaDeviceSynchronize());
+  const auto q = dq.down(), qp = pq.down();
+  const auto kc = dk.down(), vc = dv.down(), kp = pk.down(), vp = pv.down();
+  // q: every token, bitwise the previous kernel.
+  size_t bad_q = count_diff(q, qp);
+  // Cache: the valid tokens' entries bitwise the previous kernel's, everything
+  // else untouched.
+  std::vector<char> mine(cache_n, 0);
+  for (int t = 0; t < T; ++t) {
+    if (slots[t] < 0) continue;
+    const int blk = slots[t] / bs, off = slots[t] % bs;
+    for (int h = 0; h < NKV; ++h)
+      for (int d = 0; d < D; ++d) mine[(((size_t)blk * NKV + h) * bs + off) * D + d] = 1;
+  }
+  size_t bad_c = 0, written = 0;
+  for (size_t i = 0; i < cache_n; ++i) {
+    for (size_t u = 0; u < ce; ++u) {
+      const size_t j = i * ce + u;
+      if (mine[i]) {
+        bad_c += kc[j] != kp[j];
+        bad_c += vc[j] != vp[j];
+      } else {
+        bad_c += kc[j] != 0xffff;
+        bad_c += vc[j] != 0xffff;
+      }
+    }
+    written += mine[i];
+  }
+  // float64 reference of q.
+  std::vector<double> oq, rq;
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < NH; ++h) {
+      const float* x = qkv.data() + (size_t)t * W + h * D;
+      double ss = 0;
+      for (int d = 0; d < D; ++d) ss += (double)x[d] * x[d];
+      const double r = 1.0 / std::sqrt(ss / D + 1e-5);
+      std::vector<double> y(D);
+      for (int d = 0; d < D; ++d) y[d] = qn[d] * x[d] * r;
+      for (int d = 0; d < D; ++d) {
+        double z = y[d];
+        if (d < rot) {
+          const int hh = rot / 2;
+          const double ang = (double)((float)pos[t] * inv[d % hh]);
+          const double rh = d < hh ? -y[d + hh] : y[d - hh];
+          z = y[d] * std::cos(ang) + rh * std::sin(ang);
+        }
+        rq.push_back(z);
+        oq.push_back(q[((size_t)t * NH + h) * D + d]);
+      }
+    }
+  const char* dt = f32 ? "fp32 kv" : "bf16 kv";
+  report_exact("qk_rope vs previous", fmt("T=%d %dq/%dkv %s: q bits differ %zu", T, NH, NKV, dt, bad_q),
+               bad_q);
+  report_exact("qk_rope slots<0", fmt("T=%d %s: %d real slots, cache differ/touched %zu", T, dt, n_valid,
+                                     bad_c),
+               bad_c + (written != (size_t)n_valid * NKV * D));
+  report("qk_rope q vs f64", fmt("T=%d %dq/%dkv, pos up to 202751", T, NH, NKV), rel_err(oq, rq), 2e-6);
+}
+
+// ------------------------------------------------------------ router
+
+struct RouterCase {
+  int T, E, H, K, ng, tg;
+  int norm = 1;
+  float scale = 2.5f;
+  int expert_begin = 0, n_local = 0, shared_local = -1, slots = 0;
+  int n_valid = -1;  // < 0: null
+};
+
+// float64 reference of router_topk's selection from float64 logits: global ids
+// in rank order, weights, and whether the decision is within 1e-5 of a tie
+// (group boundary, top-k boundary or the order of the selected).
+struct RefSel {
+  std::vector<int> ids;
+  std::vector<double> w;
+  std::vector<char> amb;
+};
+static RefSel router_ref(const std::vector<double>& logits, const std::vector<float>& bias,
+                         const RouterCase& c) {
+  const int T = c.T, E = c.E, K = c.K;
+  const double kTie = 1e-5;
+  RefSel r;
+  r.ids.assign((size_t)T * K, -1);
+  r.w.assign((size_t)T * K, 0);
+  r.amb.assign(T, 0);
+  for (int t = 0; t < T; ++t) {
+    std::vector<double> s(E), sel(E);
+    for (int e = 0; e < E; ++e) {
+      s[e] = 1.0 / (1.0 + std::exp(-logits[(size_t)t * E + e]));
+      sel[e] = s[e] + bias[e];
+    }
+    if (c.ng > 1) {
+      const int gs = E / c.ng;
+      std::vector<double> gsc(c.ng);
+      for (int g = 0; g < c.ng; ++g) {
+        std::vector<double> v(sel.begin() + g * gs, sel.begin() + (g + 1) * gs);
+        std::sort(v.rbegin(), v.rend());
+        gsc[g] = v[0] + v[1];
+      }
+      std::vector<int> go(c.ng);
+      std::iota(go.begin(), go.end(), 0);
+      std::stable_sort(go.begin(), go.end(), [&](int a, int b) { return gsc[a] > gsc[b]; });
+      if (c.tg < c.ng && gsc[go[c.tg - 1]] - gsc[go[c.tg]] < kTie) r.amb[t] = 1;
+      std::vector<bool> keep(c.ng, false);
+      for (int i = 0; i < c.tg; ++i) keep[go[i]] = true;
+      for (int e = 0; e < E; ++e)
+        if (!keep[e / gs]) sel[e] = -INFINITY;
+    }
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sel[a] > sel[b]; });
+    for (int k = 0; k < K && k + 1 < E; ++k)
+      if (std::isfinite(sel[order[k + 1]]) && sel[order[k]] - sel[order[k + 1]] < kTie) r.amb[t] = 1;
+    double sum = 0;
+    for (int k = 0; k < K; ++k) sum += s[order[k]];
+    for (int k = 0; k < K; ++k) {
+      r.ids[(size_t)t * K + k] = order[k];
+      r.w[(size_t)t * K + k] = (c.norm ? s[order[k]] / (sum + 1e-20) : s[order[k]]) * c.scale;
+    }
+  }
+  return r;
+}
+
+static int case_slots(const RouterCase& c) {
+  return c.slots > 0 ? c.slots : c.K + (c.shared_local >= 0 ? 1 : 0);
+}
+static int case_groups(const RouterCase& c) { return c.n_local + (c.shared_local >= 0 ? 1 : 0); }
+
+// Checks ids / w (and topk_global if given) of one routed batch against the
+// reference; returns (id mismatches, weight rel. error over the unambiguous tokens).
+static void check_selection(const RouterCase& c, const RefSel& ref, const std::vector<int>& ids,
+                            const std::vector<float>& w, const std::vector<int>* glob, size_t& bad,
+                            double& werr, int& n_amb) {
+  const int S = case_slots(c), nv = c.n_valid < 0 ? c.T : std::min(c.n_valid, c.T);
+  std::vector<double> o, r;
+  n_amb = 0;
+  for (int t = 0; t < c.T; ++t) {
+    if (t >= nv) {  // padding row: -1 / 0 everywhere
+      for (int j = 0; j < S; ++j) bad += ids[(size_t)t * S + j] != -1 || w[(size_t)t * S + j] != 0.f;
+      if (glob)
+        for (int k = 0; k < c.K; ++k) bad += (*glob)[(size_t)t * c.K + k] != -1;
+      continue;
+    }
+    if (ref.amb[t]) {
+      ++n_amb;
+      for (int j = 0; j < S; ++j) bad += ids[(size_t)t * S + j] == kPoisonInt;  // written at least
+      continue;
+    }
+    for (int k = 0; k < c.K; ++k) {
+      const int ge = ref.ids[(size_t)t * c.K + k];
+      const int want = (ge >= c.expert_begin && ge < c.expert_begin + c.n_local) ? ge - c.expert_begin : -1;
+      bad += ids[(size_t)t * S + k] != want;
+      if (glob) bad += (*glob)[(size_t)t * c.K + k] != ge;
+      o.push_back(w[(size_t)t * S + k]);
+      r.push_back(ref.w[(size_t)t * c.K + k]);
+    }
+    if (S > c.K) {
+      bad += ids[(size_t)t * S + c.K] != c.shared_local;
+      if (c.shared_local >= 0) bad += w[(size_t)t * S + c.K] != 1.0f;
+    }
+  }
+  werr = std::max(werr, o.empty() ? 0.0 : rel_err(o, r));
+}
+
+// offsets / sorted_rows / inv against the ids they were built from: counts,
+// the set of tokens of each group, and inv pointing at the token's position.
+static size_t check_align(const std::vector<int>& ids, int T, int S, int G, const std::vector<int>& off,
+                          const std::vector<int>& rows, const std::vector<int>& inv) {
+  size_t bad = 0;
+  std::vector<std::vector<int>> want(G);
+  for (int i = 0; i < T * S; ++i)
+    if (ids[i] >= 0 && ids[i] < G) want[ids[i]].push_back(i / S);
+  if (off[0] != 0) ++bad;
+  for (int g = 0; g < G; ++g) {
+    if (off[g + 1] - off[g] != (int)want[g].size()) {
+      ++bad;
+      continue;
+    }
+    std::vector<int> got(rows.begin() + off[g], rows.begin() + off[g + 1]);
+    std::sort(got.begin(), got.end());
+    bad += got != want[g];
+  }
+  for (int i = 0; i < T * S; ++i) {
+    const int e = ids[i];
+    if (e >= 0 && e < G) {
+      const int p = inv[i];
+      bad += p < off[e] || p >= off[e + 1] || rows[p] != i / S;
+    } else {
+      bad += inv[i] != -1;
+    }
+  }
+  return bad;
+}
+
+// Device state of one router_fused call.
+struct FusedIO {
+  Dev<int> ids, glob, off, rows, inv, nv;
+  Dev<float> w;
+  FusedIO(int T, int K, int S, int G)
+      : ids((size_t)T * S), glob((size_t)T * K), off(G + 1), rows((size_t)T * S), inv((size_t)T * S),
+        nv(1), w((size_t)T * S) {}
+  void poison() {
+    ids.poison();
+    glob.poison();
+    off.poison();
+    rows.poison();
+    inv.poison();
+    w.poison();
+  }
+};
+
+static RouterFusedArgs fused_args(const RouterCase& c, const float* x, const float* W, const float* bias,
+                                  FusedIO& io, void* ws) {
+  RouterFusedArgs a;
+  a.sel.bias = bias;
+  a.sel.T = c.T;
+  a.sel.E = c.E;
+  a.sel.top_k = c.K;
+  a.sel.n_group = c.ng;
+  a.sel.topk_group = c.tg;
+  a.sel.norm_topk = c.norm;
+  a.sel.scale = c.scale;
+  a.sel.expert_begin = c.expert_begin;
+  a.sel.n_local = c.n_local;
+  a.sel.shared_local = c.shared_local;
+  a.sel.slots = c.slots;
+  a.sel.ids = io.ids.p;
+  a.sel.w = io.w.p;
+  a.sel.topk_global = io.glob.p;
+  a.sel.n_valid = c.n_valid >= 0 ? io.nv.p : nullptr;
+  a.x = x;
+  a.W = W;
+  a.H = c.H;
+  a.n_groups = case_groups(c);
+  a.offsets = io.off.p;
+  a.sorted_rows = io.rows.p;
+  a.inv = io.inv.p;
+  a.workspace = ws;
+  return a;
+}
+
+struct RouterData {
+  std::vector<float> x, W, bias;
+  std::vector<double> logits;  // float64 x . W^T
+};
+static RouterData make_router_data(int T, int E, int H) {
+  RouterData d;
+  d.x.resize((size_t)T * H);
+  d.W.resize((size_t)E * H);
+  d.bias.resize(E);
+  for (auto& v : d.x) v = randn();
+  const float sd = 1.5f / std::sqrt((float)H);  // logits ~ N(0, 1.5^2)
+  for (auto& v : d.W) v = randn() * sd;
+  for (auto& v : d.bias) v = randn() * 0.1f;
+  d.logits.assign((size_t)T * E, 0.0);
+  for (int t = 0; t < T; ++t)
+    for (int e = 0; e < E; ++e) {
+      double s = 0;
+      const float* xr = d.x.data() + (size_t)t * H;
+      const float* wr = d.W.data() + (size_t)e * H;
+      for (int k = 0; k < H; ++k) s += (double)xr[k] * wr[k];
+      d.logits[(size_t)t * E + e] = s;
+    }
+  return d;
+}
+
+// Everything of one fused call checked: selection vs the reference, align vs
+// the GPU's own ids, and the current path (cuBLAS + router_topk + moe_align)
+// giving the same ids.
+static void verify_fused(const std::string& name, const RouterCase& c, const RouterData& d, FusedIO& io,
+                         const std::vector<int>* ids_unfused) {
+  const int S = case_slots(c), G = case_groups(c);
+  const RefSel ref = router_ref(d.logits, d.bias, c);
+  const auto ids = io.ids.down();
+  const auto w = io.w.down();
+  const auto glob = io.glob.down();
+  size_t bad = 0;
+  double werr = 0;
+  int n_amb = 0;
+  check_selection(c, ref, ids, w, &glob, bad, werr, n_amb);
+  const size_t bad_align = check_align(ids, c.T, S, G, io.off.down(), io.rows.down(), io.inv.down());
+  size_t bad_un = 0;  // the current path's ids, on the tokens away from a tie
+  if (ids_unfused)
+    for (int t = 0; t < c.T; ++t)
+      if (!ref.amb[t])
+        for (int j = 0; j < S; ++j) bad_un += (*ids_unfused)[(size_t)t * S + j] != ids[(size_t)t * S + j];
+  std::string det = fmt("T=%d E=%d H=%d k=%d g%d/%d S=%d G=%d nv=%d: ids %zu align %zu", c.T, c.E, c.H,
+                        c.K, c.tg, c.ng, S, G, c.n_valid, bad, bad_align);
+  if (ids_unfused) det += fmt(" vs cuBLAS path %zu", bad_un);
+  if (n_amb) det += fmt(" (%d near-tie)", n_amb);
+  report(name, det, (bad || bad_align || bad_un) ? 1.0 : werr, 1e-5);
+}
+
+static void run_unfused(cublasHandle_t cb, const RouterCase& c, const float* x, const float* W,
+                        const float* bias, float* logits, const int* nv, int* ids, float* w, int* off,
+                        int* rows, int* inv, cudaStream_t st) {
+  CKS(gemm_f32_nt(cb, x, W, logits, c.T, c.E, c.H, st));
+  RouterArgs r;
+  r.logits = logits;
+  r.bias = bias;
+  r.T = c.T;
+  r.E = c.E;
+  r.top_k = c.K;
+  r.n_group = c.ng;
+  r.topk_group = c.tg;
+  r.norm_topk = c.norm;
+  r.scale = c.scale;
+  r.expert_begin = c.expert_begin;
+  r.n_local = c.n_local;
+  r.shared_local = c.shared_local;
+  r.slots = c.slots;
+  r.ids = ids;
+  r.w = w;
+  r.n_valid = nv;
+  CK(router_topk(r, st));
+  CK(moe_align(ids, c.T, case_slots(c), case_groups(c), off, rows, inv, st));
+}
+
+static void check_router_fused(cublasHandle_t cb) {
+  // One workspace for every case (sized for the largest T and E, zeroed once):
+  // the cases run one after the other on it, so each depends on the previous
+  // launches having reset the counters.
+  const size_t ws_bytes = router_fused_workspace_bytes(256, 160);
+  Dev<char> ws(ws_bytes);
+  ws.zero();
+  std::vector<RouterCase> cases;
+  for (int T : {1, 3, 8, 17, 64, 256}) {
+    RouterCase c{T, 160, 5120, 8, 1, 1};
+    c.n_local = 20;
+    c.shared_local = 20;  // rank 0: experts 0..19 + the shared expert
+    cases.push_back(c);
+  }
+  {
+    RouterCase c{33, 160, 5120, 8, 1, 1};  // rank 3, no shared expert, extra slot -1
+    c.expert_begin = 60;
+    c.n_local = 20;
+    c.slots = 9;
+    cases.push_back(c);
+    c.slots = 0;  // 8 slots
+    c.T = 5;
+    cases.push_back(c);
+  }
+  for (int T : {1, 16, 64}) {
+    RouterCase c{T, 20, 5120, 8, 1, 1};
+    c.n_local = 20;
+    c.shared_local = 20;
+    cases.push_back(c);
+  }
+  {
+    RouterCase c{64, 160, 5120, 8, 1, 1};  // padding rows
+    c.n_local = 20;
+    c.shared_local = 20;
+    c.n_valid = 37;
+    cases.push_back(c);
+    c.T = 4;
+    c.n_valid = 0;
+    cases.push_back(c);
+  }
+  {
+    // Tiny models: group-limited routing, small H, norm_topk off.
+    RouterCase c{33, 16, 256, 4, 4, 2};
+    c.n_local = 8;
+    c.expert_begin = 8;
+    c.shared_local = 8;
+    c.scale = 1.0f;
+    cases.push_back(c);
+    c = RouterCase{5, 16, 384, 4, 4, 2};
+    c.n_local = 16;
+    c.shared_local = 16;
+    c.norm = 0;
+    cases.push_back(c);
+    c = RouterCase{200, 16, 128, 2, 4, 2};
+    c.n_local = 16;
+    c.shared_local = -1;
+    c.n_valid = 150;
+    cases.push_back(c);
+    c = RouterCase{7, 64, 320, 6, 8, 3};  // H not a multiple of 128
+    c.n_local = 64;
+    c.shared_local = 64;
+    cases.push_back(c);
+    c = RouterCase{300, 20, 512, 8, 1, 1};  // T > 256: K splits limited by the workspace
+    c.n_local = 20;
+    c.shared_local = 20;
+    cases.push_back(c);
+  }
+  for (const RouterCase& c : cases) {
+    const RouterData d = make_router_data(c.T, c.E, c.H);
+    const int S = case_slots(c), G = case_groups(c);
+    Dev<float> x(d.x), W(d.W), bias(d.bias), logits((size_t)c.T * c.E);
+    FusedIO io(c.T, c.K, S, G), un(c.T, c.K, S, G);
+    if (c.n_valid >= 0) {
+      io.nv.up({c.n_valid});
+      un.nv.up({c.n_valid});
+    }
+    io.poison();
+    un.poison();
+    RouterFusedArgs a = fused_args(c, x.p, W.p, bias.p, io, ws.p);
+    CK(router_fused(a, 0));
+    run_unfused(cb, c, x.p, W.p, bias.p, logits.p, c.n_valid >= 0 ? un.nv.p : nullptr, un.ids.p, un.w.p,
+                un.off.p, un.rows.p, un.inv.p, 0);
+    CK(cudaDeviceSynchronize());
+    const auto ids_un = un.ids.down();
+    verify_fused("router_fused", c, d, io, &ids_un);
+    // The current path itself against the same reference.
+    {
+      const RefSel ref = router_ref(d.logits, d.bias, c);
+      size_t bad = 0;
+      double werr = 0;
+      int n_amb = 0;
+      check_selection(c, ref, ids_un, un.w.down(), nullptr, bad, werr, n_amb);
+      bad += check_align(ids_un, c.T, S, G, un.off.down(), un.rows.down(), un.inv.down());
+      report("cuBLAS+topk+align", fmt("T=%d E=%d H=%d nv=%d: bad %zu", c.T, c.E, c.H, c.n_valid, bad),
+             bad ? 1.0 : werr, 1e-5);
+    }
+  }
+
+  // Back to back without a host sync: three batches of different sizes on the
+  // same workspace, then a CUDA graph of one call replayed twice on new inputs.
+  {
+    std::vector<RouterCase> seq;
+    for (int T : {64, 5, 256}) {
+      RouterCase c{T, 160, 5120, 8, 1, 1};
+      c.n_local = 20;
+      c.shared_local = 20;
+      seq.push_back(c);
+    }
+    seq[1].n_valid = 3;
+    std::vector<RouterData> data;
+    std::vector<std::unique_ptr<Dev<float>>> xs, Ws, bs;
+    std::vector<std::unique_ptr<FusedIO>> ios;
+    for (const auto& c : seq) {
+      data.push_back(make_router_data(c.T, c.E, c.H));
+      xs.emplace_back(new Dev<float>(data.back().x));
+      Ws.emplace_back(new Dev<float>(data.back().W));
+      bs.emplace_back(new Dev<float>(data.back().bias));
+      ios.emplace_back(new FusedIO(c.T, c.K, case_slots(c), case_groups(c)));
+      if (c.n_valid >= 0) ios.back()->nv.up({c.n_valid});
+      ios.back()->poison();
+    }
+    CK(cudaDeviceSynchronize());
+    for (size_t i = 0; i < seq.size(); ++i)
+      CK(router_fused(fused_args(seq[i], xs[i]->p, Ws[i]->p, bs[i]->p, *ios[i], ws.p), 0));
+    CK(cudaDeviceSynchronize());
+    for (size_t i = 0; i < seq.size(); ++i)
+      verify_fused(fmt("router_fused b2b #%zu", i), seq[i], data[i], *ios[i], nullptr);
+  }
+  {
+    RouterCase c{16, 160, 5120, 8, 1, 1};
+    c.n_local = 20;
+    c.shared_local = 20;
+    c.n_valid = 16;
+    RouterData d = make_router_data(c.T, c.E, c.H);
+    Dev<float> x(d.x), W(d.W), bias(d.bias);
+    FusedIO io(c.T, c.K, case_slots(c), case_groups(c));
+    io.nv.up({c.n_valid});
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    CK(router_fused(fused_args(c, x.p, W.p, bias.p, io, ws.p), s));
+    CK(cudaStreamEndCapture(s, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      // New inputs (and a new count of live rows) before each replay.
+      RouterData dn = make_router_data(c.T, c.E, c.H);
+      dn.W = d.W;
+      dn.bias = d.bias;
+      dn.logits.assign((size_t)c.T * c.E, 0.0);
+      for (int t = 0; t < c.T; ++t)
+        for (int e = 0; e < c.E; ++e) {
+          double sum = 0;
+          for (int k = 0; k < c.H; ++k) sum += (double)dn.x[(size_t)t * c.H + k] * dn.W[(size_t)e * c.H + k];
+          dn.logits[(size_t)t * c.E + e] = sum;
+        }
+      RouterCase cr = c;
+      cr.n_valid = rep == 0 ? 16 : 11;
+      x.up(dn.x);
+      io.nv.up({cr.n_valid});
+      io.poison();
+      CK(cudaDeviceSynchronize());
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      verify_fused(fmt("router_fused graph #%d", rep), cr, dn, io, nullptr);
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(s));
+  }
+  // Workspace left reusable: every counter back at zero (the header: the
+  // first 4 KB, ahead of the partial logits).
+  {
+    const auto h = ws.down();
+    size_t nz = 0;
+    for (size_t i = 0; i < 4096 && i < h.size(); ++i) nz += h[i] != 0;
+    report_exact("router_fused counters", "workspace header zero after all launches", nz);
+  }
+}
+
+// router_topk: the same bits as the previous kernel; n_valid padding rows.
+static void check_router_topk() {
+  struct C {
+    int T, E, K, ng, tg, nv;
+  };
+  for (C c : {C{50, 160, 8, 1, 1, -1}, C{33, 16, 4, 4, 2, 20}, C{9, 256, 8, 8, 4, 0}, C{64, 20, 8, 1, 1, 63}}) {
+    std::vector<float> lg((size_t)c.T * c.E), bias(c.E);
+    for (auto& v : lg) v = randn() * 2;
+    for (auto& v : bias) v = randn() * 0.1f;
+    const int K = c.K, S = K + 1, nl = c.E / 2;
+    Dev<float> dl(lg), db(bias), w((size_t)c.T * S), pw((size_t)c.T * S);
+    Dev<int> ids((size_t)c.T * S), g((size_t)c.T * K), pids((size_t)c.T * S), pg((size_t)c.T * K),
+        dnv(std::vector<int>{c.nv});
+    ids.poison();
+    g.poison();
+    w.poison();
+    pids.poison();
+    pg.poison();
+    pw.poison();
+    RouterArgs a;
+    a.logits = dl.p;
+    a.bias = db.p;
+    a.T = c.T;
+    a.E = c.E;
+    a.top_k = K;
+    a.n_group = c.ng;
+    a.topk_group = c.tg;
+    a.scale = 2.5f;
+    a.expert_begin = nl;
+    a.n_local = nl;
+    a.shared_local = nl;
+    a.ids = ids.p;
+    a.w = w.p;
+    a.topk_global = g.p;
+    a.n_valid = c.nv >= 0 ? dnv.p : nullptr;
+    CK(router_topk(a, 0));
+    RouterArgs p = a;
+    p.ids = pids.p;
+    p.w = pw.p;
+    p.topk_global = pg.p;
+    p.n_valid = nullptr;
+    prev::router_topk(p, 0);
+    CK(cudaDeviceSynchronize());
+    const auto hi = ids.down(), hp = pids.down(), hg = g.down(), hpg = pg.down();
+    const auto hw = w.down(), hpw = pw.down();
+    const int nv = c.nv < 0 ? c.T : std::min(c.nv, c.T);
+    size_t bad = 0;
+    for (int t = 0; t < c.T; ++t) {
+      for (int j = 0; j < S; ++j) {
+        const size_t i = (size_t)t * S + j;
+        if (t < nv) bad += hi[i] != hp[i] || fbits(hw[i]) != fbits(hpw[i]);
+        else bad += hi[i] != -1 || hw[i] != 0.f;
+      }
+      for (int k = 0; k < K; ++k) {
+        const size_t i = (size_t)t * K + k;
+        bad += t < nv ? hg[i] != hpg[i] : hg[i] != -1;
+      }
+    }
+    report_exact("router_topk vs previous",
+                 fmt("T=%d E=%d k=%d g%d/%d n_valid=%d: differ %zu", c.T, c.E, K, c.tg, c.ng, c.nv, bad), bad);
+  }
+}
+
+// ------------------------------------------------------------ same results as before
+
+static void check_quant_prev() {
+  for (int cols : {1536, 5120, 256, 4100, 7000}) {
+    for (int rows : {1, 7, 64, 256}) {
+      const int64_t ld = cols + (cols == 1536 ? 512 : 0);  // a strided case
+      std::vector<float> x((size_t)rows * ld);
+      for (int r = 0; r < rows; ++r) {
+        const float mag = std::pow(10.f, randu(-4, 3));
+        for (int64_t c = 0; c < ld; ++c) x[(size_t)r * ld + c] = r == 3 ? 0.f : randn() * mag;
+      }
+      Dev<float> dx(x), s1(rows), s2(rows);
+      Dev<uint8_t> q1((size_t)rows * ld), q2((size_t)rows * ld);
+      Dev<int> live(std::vector<int>{std::max(1, rows - 2)});
+      q1.poison();
+      q2.poison();
+      s1.poison();
+      s2.poison();
+      const int* rd = rows > 4 ? live.p : nullptr;
+      CK(quant_rows_fp8(dx.p, ld, rows, cols, q1.p, ld, s1.p, rd, 0));
+      prev::quant_rows(dx.p, ld, rows, cols, q2.p, ld, s2.p, rd, 0);
+      CK(cudaDeviceSynchronize());
+      const size_t bad = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
+      report_exact("quant_rows_fp8 vs previous", fmt("%dx%d ld %lld%s: differ %zu", rows, cols, (long long)ld,
+                                                    rd ? " rows_dev" : "", bad),
+                   bad);
+    }
+  }
+  for (int inter : {1536, 256, 2052, 7000}) {
+    for (int rows : {1, 64, 576}) {
+      std::vector<float> gu((size_t)rows * 2 * inter);
+      for (auto& v : gu) v = randn() * 3;
+      Dev<float> dgu(gu), s1(rows), s2(rows);
+      Dev<uint8_t> q1((size_t)rows * inter), q2((size_t)rows * inter);
+      Dev<int> live(std::vector<int>{rows * 7 / 8});
+      q1.poison();
+      q2.poison();
+      s1.poison();
+      s2.poison();
+      const int* rd = rows > 1 ? live.p : nullptr;
+      CK(silu_mul_quant_fp8(dgu.p, rows, inter, q1.p, s1.p, rd, 0));
+      prev::silu_mul_quant(dgu.p, rows, inter, q2.p, s2.p, rd, 0);
+      CK(cudaDeviceSynchronize());
+      const size_t bad = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
+      report_exact("silu_mul_quant vs previous",
+                   fmt("%dx%d%s: differ %zu", rows, inter, rd ? " rows_dev" : "", bad), bad);
+    }
+  }
+}
+
+static void check_combine_prev() {
+  for (int slots : {2, 9, 20}) {
+    for (int T : {1, 64, 256}) {
+      const int H = slots == 20 ? 1024 : 5120, R = T * slots;
+      std::vector<float> y((size_t)R * H), w((size_t)T * slots);
+      for (auto& v : y) v = randn();
+      for (auto& v : w) v = randu(0.1f, 2.f);
+      std::vector<int> inv(R);
+      std::iota(inv.begin(), inv.end(), 0);
+      std::shuffle(inv.begin(), inv.end(), rng);
+      for (int i = 0; i < R; ++i)
+        if (randi(0, 4) == 0) inv[i] = -1;  // non-local slots
+      Dev<float> dy(y), dw(w), o1((size_t)T * H), o2((size_t)T * H);
+      Dev<int> di(inv);
+      o1.poison();
+      o2.poison();
+      CK(moe_combine(dy.p, di.p, dw.p, T, slots, H, o1.p, 0));
+      prev::moe_combine(dy.p, di.p, dw.p, T, slots, H, o2.p, 0);
+      CK(cudaDeviceSynchronize());
+      const auto a = o1.down();
+      size_t nan = 0;
+      for (float v : a) nan += std::isnan(v);
+      const size_t bad = count_diff(a, o2.down());
+      report_exact("moe_combine vs previous", fmt("T=%d slots=%d H=%d: differ %zu unwritten %zu", T, slots, H,
+                                                 bad, nan),
+                   bad + nan);
+    }
+  }
+}
+
+static void check_embed_prev() {
+  for (int H : {5120, 256, 130}) {
+    const int V = 1000;
+    std::vector<uint16_t> tab((size_t)V * H);
+    for (auto& v : tab) v = bf16_bits(randn());
+    for (int T : {1, 64, 256}) {
+      std::vector<int> ids(T);
+      for (auto& v : ids) v = randi(0, V - 1);
+      Dev<uint16_t> dt(tab);
+      Dev<int> di(ids);
+      Dev<float> h1((size_t)T * H), h2((size_t)T * H);
+      h1.poison();
+      h2.poison();
+      CK(embed_gather((const __nv_bfloat16*)dt.p, di.p, T, H, h1.p, 0));
+      prev::embed_gather((const __nv_bfloat16*)dt.p, di.p, T, H, h2.p, 0);
+      CK(cudaDeviceSynchronize());
+      const auto a = h1.down();
+      size_t bad = count_diff(a, h2.down());
+      for (int t = 0; t < T; ++t)
+        for (int c = 0; c < H; ++c)
+          bad += fbits(a[(size_t)t * H + c]) != fbits(bf16_val(tab[(size_t)ids[t] * H + c]));
+      report_exact("embed_gather vs previous", fmt("T=%d H=%d: differ %zu", T, H, bad), bad);
+    }
+  }
+}
+
+static void check_align_prev() {
+  for (int G : {21, 161, 1024}) {
+    for (int T : {1, 64, 256, 1000}) {
+      const int S = 9, n = T * S;
+      std::vector<int> ids(n);
+      for (int t = 0; t < T; ++t) {
+        for (int j = 0; j < S - 1; ++j) ids[(size_t)t * S + j] = randi(-1, G - 2);
+        ids[(size_t)t * S + S - 1] = G - 1;  // the shared expert: every token
+      }
+      Dev<int> di(ids), o1(G + 1), r1(n), i1(n), o2(G + 1), r2(n), i2(n);
+      o1.poison();
+      r1.poison();
+      i1.poison();
+      o2.poison();
+      CK(moe_align(di.p, T, S, G, o1.p, r1.p, i1.p, 0));
+      prev::moe_align(di.p, T, S, G, o2.p, r2.p, i2.p, 0);
+      CK(cudaDeviceSynchronize());
+      const auto off = o1.down();
+      size_t bad = count_diff(off, o2.down());
+      bad += check_align(ids, T, S, G, off, r1.down(), i1.down());
+      report_exact("moe_align", fmt("T=%d slots=%d G=%d: offsets vs previous + sets/inv, bad %zu", T, S, G, bad),
+                   bad);
+    }
+  }
+}
+
+// ------------------------------------------------------------ bench
+
+// 20 calls captured in one CUDA graph, per-call time, median of 11 replays
+// after warm-up.
+template <typename F>
+static float time_graph_us(F f, int launches = 20, int reps = 11) {
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (int i = 0; i < 3; ++i) f(s);
+  CK(cudaStreamSynchronize(s));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < launches; ++i) f(s);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, s));
+  CK(cudaStreamSynchronize(s));
+  std::vector<float> t;
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.f / launches);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(s));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+static void bench_row(const char* what, int T, float prev_us, float new_us) {
+  if (prev_us > 0)
+    printf("%-44s T=%-4d prev %8.2f us   new %8.2f us   x%.2f\n", what, T, prev_us, new_us, prev_us / new_us);
+  else
+    printf("%-44s T=%-4d               new %8.2f us\n", what, T, new_us);
+  fflush(stdout);
+}
+
+static void bench(cublasHandle_t cb) {
+  const int H = 5120, NQ = 12, NKV = 1, D = 128, I = 1536, NL = 20, S = 9, G = NL + 1, K = 8;
+  const int Tmax = 256;
+  printf("\nbench: us per call, 20 calls in one CUDA graph, median of 11 replays\n");
+  // Shared buffers at the largest shape.
+  std::vector<float> hv((size_t)Tmax * S * H);
+  for (auto& v : hv) v = randn();
+  Dev<float> big(hv);                              // generic FP32 input rows
+  Dev<float> h((size_t)Tmax * H), delta(hv), wn(H), outf((size_t)Tmax * S * H), sc((size_t)Tmax * S);
+  Dev<uint8_t> q((size_t)Tmax * S * H);
+  CK(cudaMemcpy(h.p, big.p, (size_t)Tmax * H * 4, cudaMemcpyDeviceToDevice));
+  {
+    std::vector<float> w(H);
+    for (auto& v : w) v = randu(0.5f, 1.5f);
+    wn.up(w);
+  }
+  const int Ts[] = {1, 4, 16, 64, 256};
+
+  for (int T : Ts) {  // add_rmsnorm: residual add, FP8 + FP32 out (the MoE layers' norm)
+    AddNormArgs a;
+    a.h = h.p;
+    a.delta = delta.p;
+    a.weight = wn.p;
+    a.rows = T;
+    a.hidden = H;
+    a.out_f32 = outf.p;
+    a.out_q = q.p;
+    a.out_scale = sc.p;
+    const float tp = time_graph_us([&](cudaStream_t s) { prev::add_rmsnorm(a, s); });
+    const float tn = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm(a, s)); });
+    bench_row("add_rmsnorm H=5120 +delta -> fp8+f32", T, tp, tn);
+  }
+  for (int T : Ts) {  // fp8 only (the attention input norm)
+    AddNormArgs a;
+    a.h = h.p;
+    a.delta = delta.p;
+    a.weight = wn.p;
+    a.rows = T;
+    a.hidden = H;
+    a.out_q = q.p;
+    a.out_scale = sc.p;
+    const float tp = time_graph_us([&](cudaStream_t s) { prev::add_rmsnorm(a, s); });
+    const float tn = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm(a, s)); });
+    bench_row("add_rmsnorm H=5120 +delta -> fp8", T, tp, tn);
+  }
+  {  // qk rope: 12 q + 1 kv heads, BF16 paged cache
+    const int bs = 16, nblocks = 4096;
+    std::vector<float> qn(D), kn(D);
+    for (auto& v : qn) v = randu(0.5f, 1.5f);
+    for (auto& v : kn) v = randu(0.5f, 1.5f);
+    auto invf = make_inv_freq(64, 1e6f);
+    std::vector<int> pos(Tmax), slots(Tmax);
+    for (int t = 0; t < Tmax; ++t) {
+      pos[t] = randi(0, 32767);
+      slots[t] = t * 37 % (nblocks * bs);
+    }
+    Dev<float> dqn(qn), dkn(kn), dinv(invf), qo((size_t)Tmax * NQ * D);
+    Dev<int> dpos(pos), dslots(slots);
+    Dev<uint16_t> kc((size_t)nblocks * bs * D), vc((size_t)nblocks * bs * D);
+    for (int T : Ts) {
+      QkRopeArgs a;
+      a.qkv = big.p;
+      a.T = T;
+      a.n_q_heads = NQ;
+      a.n_kv_heads = NKV;
+      a.q_norm = dqn.p;
+      a.k_norm = dkn.p;
+      a.inv_freq = dinv.p;
+      a.positions = dpos.p;
+      a.slots = dslots.p;
+      a.block_size = bs;
+      a.q_out = qo.p;
+      a.k_cache = kc.p;
+      a.v_cache = vc.p;
+      const float tp = time_graph_us([&](cudaStream_t s) { prev::qk_rope(a, s); });
+      const float tn = time_graph_us([&](cudaStream_t s) { CK(qk_norm_rope_kv_write(a, s)); });
+      bench_row("qk_norm_rope_kv_write 12q+1kv bf16", T, tp, tn);
+    }
+  }
+  for (int T : Ts) {
+    const int cols = NQ * D;
+    const float tp = time_graph_us(
+        [&](cudaStream_t s) { prev::quant_rows(big.p, cols, T, cols, q.p, cols, sc.p, nullptr, s); });
+    const float tn = time_graph_us(
+        [&](cudaStream_t s) { CK(quant_rows_fp8(big.p, cols, T, cols, q.p, cols, sc.p, nullptr, s)); });
+    bench_row("quant_rows_fp8 cols=1536", T, tp, tn);
+  }
+  for (int T : Ts) {
+    const float tp = time_graph_us([&](cudaStream_t s) { prev::quant_rows(big.p, H, T, H, q.p, H, sc.p, nullptr, s); });
+    const float tn =
+        time_graph_us([&](cudaStream_t s) { CK(quant_rows_fp8(big.p, H, T, H, q.p, H, sc.p, nullptr, s)); });
+    bench_row("quant_rows_fp8 cols=5120", T, tp, tn);
+  }
+  Dev<int> rows_dev(1);
+  for (int T : Ts) {  // shared expert / dense MLP: T rows
+    const float tp = time_graph_us([&](cudaStream_t s) { prev::silu_mul_quant(big.p, T, I, q.p, sc.p, nullptr, s); });
+    const float tn =
+        time_graph_us([&](cudaStream_t s) { CK(silu_mul_quant_fp8(big.p, T, I, q.p, sc.p, nullptr, s)); });
+    bench_row("silu_mul_quant_fp8 inter=1536", T, tp, tn);
+  }
+  for (int T : Ts) {  // routed experts: T*9 rows launched, T*9 live (rows_dev)
+    rows_dev.up({T * S});
+    const float tp =
+        time_graph_us([&](cudaStream_t s) { prev::silu_mul_quant(big.p, T * S, I, q.p, sc.p, rows_dev.p, s); });
+    const float tn =
+        time_graph_us([&](cudaStream_t s) { CK(silu_mul_quant_fp8(big.p, T * S, I, q.p, sc.p, rows_dev.p, s)); });
+    bench_row("silu_mul_quant_fp8 inter=1536 rows=9T", T, tp, tn);
+  }
+  for (int slots : {2, 9}) {
+    for (int T : Ts) {
+      std::vector<int> inv(T * slots);
+      std::iota(inv.begin(), inv.end(), 0);
+      std::shuffle(inv.begin(), inv.end(), rng);
+      std::vector<float> w(T * slots, 0.5f);
+      Dev<int> di(inv);
+      Dev<float> dw(w);
+      const float tp = time_graph_us([&](cudaStream_t s) { prev::moe_combine(big.p, di.p, dw.p, T, slots, H, outf.p, s); });
+      const float tn =
+          time_graph_us([&](cudaStream_t s) { CK(moe_combine(big.p, di.p, dw.p, T, slots, H, outf.p, s)); });
+      bench_row(slots == 2 ? "moe_combine slots=2 H=5120" : "moe_combine slots=9 H=5120", T, tp, tn);
+    }
+  }
+  {
+    const int V = 8192;
+    Dev<uint16_t> tab((size_t)V * H);
+    tab.zero();
+    std::vector<int> ids(Tmax);
+    for (auto& v : ids) v = randi(0, V - 1);
+    Dev<int> di(ids);
+    for (int T : Ts) {
+      const float tp = time_graph_us(
+          [&](cudaStream_t s) { prev::embed_gather((const __nv_bfloat16*)tab.p, di.p, T, H, outf.p, s); });
+      const float tn = time_graph_us(
+          [&](cudaStream_t s) { CK(embed_gather((const __nv_bfloat16*)tab.p, di.p, T, H, outf.p, s)); });
+      bench_row("embed_gather H=5120", T, tp, tn);
+    }
+  }
+  {
+    std::vector<int> ids(Tmax * S);
+    for (int t = 0; t < Tmax; ++t) {
+      std::vector<int> e(NL);
+      std::iota(e.begin(), e.end(), 0);
+      std::shuffle(e.begin(), e.end(), rng);
+      for (int j = 0; j < K; ++j) ids[t * S + j] = j < 2 ? e[j] : -1;  // ~1/8 of the experts local
+      ids[t * S + K] = NL;
+    }
+    Dev<int> di(ids), off(G + 1), rows(Tmax * S), inv(Tmax * S);
+    for (int T : Ts) {
+      const float tp =
+          time_graph_us([&](cudaStream_t s) { prev::moe_align(di.p, T, S, G, off.p, rows.p, inv.p, s); });
+      const float tn =
+          time_graph_us([&](cudaStream_t s) { CK(moe_align(di.p, T, S, G, off.p, rows.p, inv.p, s)); });
+      bench_row("moe_align slots=9 G=21", T, tp, tn);
+    }
+  }
+  // Router: fused vs cuBLAS SGEMM + router_topk + moe_align.
+  for (int E : {20, 160}) {
+    std::vector<float> W((size_t)E * H), bias(E);
+    for (auto& v : W) v = randn() * 0.02f;
+    for (auto& v : bias) v = randn() * 0.1f;
+    Dev<float> dW(W), db(bias), logits((size_t)Tmax * E), w((size_t)Tmax * S);
+    Dev<int> ids(Tmax * S), off(G + 1), rows(Tmax * S), inv(Tmax * S);
+    Dev<char> ws(router_fused_workspace_bytes(Tmax, E));
+    ws.zero();
+    for (int T : Ts) {
+      RouterCase c{T, E, H, K, 1, 1};
+      c.n_local = NL;
+      c.shared_local = NL;
+      RouterFusedArgs a;
+      a.sel.bias = db.p;
+      a.sel.T = T;
+      a.sel.E = E;
+      a.sel.top_k = K;
+      a.sel.scale = 2.5f;
+      a.sel.n_local = NL;
+      a.sel.shared_local = NL;
+      a.sel.ids = ids.p;
+      a.sel.w = w.p;
+      a.x = big.p;
+      a.W = dW.p;
+      a.H = H;
+      a.n_groups = G;
+      a.offsets = off.p;
+      a.sorted_rows = rows.p;
+      a.inv = inv.p;
+      a.workspace = ws.p;
+      const float tu = time_graph_us([&](cudaStream_t s) {
+        run_unfused(cb, c, big.p, dW.p, db.p, logits.p, nullptr, ids.p, w.p, off.p, rows.p, inv.p, s);
+      });
+      const float tg = time_graph_us([&](cudaStream_t s) { CKS(gemm_f32_nt(cb, big.p, dW.p, logits.p, T, E, H, s)); });
+      const float tf = time_graph_us([&](cudaStream_t s) { CK(router_fused(a, s)); });
+      printf("%-44s T=%-4d cuBLAS+topk+align %8.2f us (SGEMM alone %6.2f)   fused %8.2f us   x%.2f  "
+             "router_fused_supported=%d\n",
+             fmt("router E=%d H=%d k=8", E, H).c_str(), T, tu, tg, tf, tu / tf,
+             (int)router_fused_supported(T, E, H));
+      fflush(stdout);
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  uint64_t seed = 0x5eed;
+  bool do_bench = false, only_bench = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
+    else if (!strcmp(argv[i], "--bench")) do_bench = true;
+    else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
+    else {
+      fprintf(stderr, "usage: small_check [--seed N] [--bench] [--bench-only]\n");
+      return 2;
+    }
+  }
+  rng.seed(seed);
+  init_fp8();
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("device: %s, %d SMs, seed %llu\n", prop.name, prop.multiProcessorCount, (unsigned long long)seed);
+  cublasHandle_t cb;
+  CKB(cublasCreate(&cb));
+  void* cublas_ws = nullptr;  // a fixed workspace, so cuBLAS calls can be graph-captured
+  CK(cudaMalloc(&cublas_ws, 32u << 20));
+  CKB(cublasSetWorkspace(cb, cublas_ws, 32u << 20));
+  if (!only_bench) {
+    for (int H : {128, 132, 512, 5120, 6144, 8192, 8196, 130}) check_norm(H, H >= 5120 ? 9 : 5);
+    check_rope(9, 12, 1, false);
+    check_rope(9, 12, 1, true);
+    check_rope(256, 12, 1, false);
+    check_rope(7, 24, 2, false);
+    check_router_topk();
+    check_router_fused(cb);
+    check_quant_prev();
+    check_combine_prev();
+    check_embed_prev();
+    check_align_prev();
+    CK(cudaDeviceSynchronize());
+  }
+  int fails = 0;
+  for (auto& r : table) fails += !r.ok;
+  if (do_bench) bench(cb);
+  if (!only_bench) {
+    printf("\n%-26s %-58s %10s %8s\n", "kernel", "case", "err", "result");
+    for (auto& r : table)
+      printf("%-26s %-58s %10.2e %8s\n", r.name.c_str(), r.detail.c_str(), r.err, r.ok ? "ok" : "FAIL");
+    printf("small_check: %zu checks, %d failed\n", table.size(), fails);
+  }
+  cublasDestroy(cb);
+  cudaFree(cublas_ws);
+  return fails ? 1 : 0;
+}
