@@ -13,6 +13,7 @@
 #            batch {1,4,16,64,128,256} x context {1k,4k,16k}, floor and ratio
 #   profile  the same at context 2k for batch 1, 64, 256 with --profile, graphs
 #            on and off
+#   ncu      kernel durations of eager decode steps (6 layers) from ncu
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
 #
@@ -32,7 +33,7 @@ G="${GLMCTL:-bin/glmctl}"
 T="${STEP_TIMEOUT:-300}"
 PRE="${PREBUILT:-.carry/cuda}"
 stages=("$@")
-[[ ${#stages[@]} == 0 ]] && stages=(check kernels grid profile e2e)
+[[ ${#stages[@]} == 0 ]] && stages=(check kernels grid profile ncu e2e)
 want() { local s; for s in "${stages[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 summary=(); status=0
 note() { summary+=("$1"); }
@@ -86,13 +87,17 @@ fi
 
 if want kernels; then
   timeout "$T" "$PRE/attn_check" --bench-only >"$LOG/attn-bench.txt" 2>&1 || fail "attn_check --bench FAIL"
-  timeout "$T" "$PRE/attn_check" --sweep >"$LOG/attn-sweep.txt" 2>&1 || fail "attn_check --sweep FAIL"
-  cp "$LOG/attn-sweep.txt" "$FINAL/" 2>/dev/null
+  if [[ "${SWEEP:-0}" == 1 ]]; then
+    timeout "$T" "$PRE/attn_check" --sweep >"$LOG/attn-sweep.txt" 2>&1 || fail "attn_check --sweep FAIL"
+    cp "$LOG/attn-sweep.txt" "$FINAL/" 2>/dev/null
+  fi
+  timeout "$T" "$PRE/kernel_check" --bench-only >"$LOG/kc-bench.txt" 2>&1 || fail "kernel_check --bench-only FAIL"
+  cp "$LOG/kc-bench.txt" "$FINAL/" 2>/dev/null
   timeout "$T" python3 scripts/peer_attention.py --json "$LOG/sdpa.json" >"$LOG/sdpa.txt" 2>&1 || fail "peer_attention.py FAIL"
   cp "$LOG/attn-bench.txt" "$LOG/sdpa.txt" "$FINAL/" 2>/dev/null
   timeout "$T" "$PRE/small_check" --bench-only >"$LOG/small-bench.txt" 2>&1 || fail "small_check --bench FAIL"
   cp "$LOG/small-bench.txt" "$FINAL/" 2>/dev/null
-  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt"
+  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt, kc-bench.txt"
 fi
 
 if want grid; then
@@ -105,13 +110,27 @@ if want grid; then
 fi
 
 if want profile; then
-  for g in on off; do
+  modes=(on); [[ "${PROFILE_OFF:-0}" == 1 ]] && modes=(on off)
+  for g in "${modes[@]}"; do
     flag=""; [[ $g == off ]] && flag="--cuda-graphs=false"
     if timeout "$T" "$G" bench "${SYN[@]}" $flag --batches 1,64,256 --contexts 2048 --steps 10 --profile --markdown \
          >"$LOG/profile-graphs-$g.md" 2>"$LOG/profile-graphs-$g.err"; then
       note "bench profile graphs $g ok (profile-graphs-$g.md)"
     else fail "bench profile graphs $g FAIL"; tail -5 "$LOG/profile-graphs-$g.err"; fi
     cp "$LOG/profile-graphs-$g.md" "$FINAL/" 2>/dev/null
+  done
+fi
+
+if want ncu; then
+  # Exact kernel durations of one eager decode step (4 layers: 3 dense + 1 MoE...
+  # plus 2 more MoE layers) at batch 1 and 64, context 2048, from the hardware counters.
+  for b in 1 64; do
+    if timeout "$T" ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+         "$G" bench "${SYN[@]}" --layers 6 --cuda-graphs=false --batches $b --contexts 2048 --steps 1 --warmup-steps 1 \
+         --log-level warn >"$LOG/ncu-b$b.csv" 2>"$LOG/ncu-b$b.err"; then
+      note "ncu batch $b            ok (ncu-b$b.csv)"
+    else fail "ncu batch $b            FAIL"; tail -5 "$LOG/ncu-b$b.err"; fi
+    cp "$LOG/ncu-b$b.csv" "$FINAL/" 2>/dev/null
   done
 fi
 

@@ -252,6 +252,16 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
 // all partials in split order (deterministic) and resets the counter. More
 // than direct_max splits merge in two levels (groups of ceil(sqrt(n)) splits,
 // then the groups), which keeps one CTA's serial merge read small.
+//
+// Workspace: one buffer serves every launch shape (n_seqs, max_splits, ...),
+// e.g. every batch-size bucket of the runtime, and is zeroed only once. So the
+// merge counters sit in a header of FIXED size at its start (kDecMaxPairs x
+// (1 + kDecMaxGroups) ints, index pair * kDecCntStride + slot) and the
+// shape-dependent partial-result arrays always after it: no launch ever
+// writes data where any launch keeps a counter, and every launch leaves its
+// counters at zero. (Counters whose region grew with the shape used to land on
+// a smaller shape's partial O: a non-zero float as a count never reaches the
+// expected value, so that (sequence, KV head) was never merged or written.)
 namespace {
 
 constexpr int kDecD = 128;                      // head_dim
@@ -264,6 +274,12 @@ constexpr int kDecChunkRound = kDecTile * kDecWarps;  // split lengths are multi
 constexpr int kDecMaxSplits = 256;              // max_splits accepted by attention_decode
 constexpr int kDecPolicyMaxSplits = 128;        // most splits the policy picks
 constexpr int kDecMaxMerge = 32;                // most partials one merge step reads
+constexpr int kDecMaxGroups = 16;               // ceil(sqrt(kDecMaxSplits)): most level-1 groups
+constexpr int kDecCntStride = 1 + kDecMaxGroups;  // counters per (sequence, KV head)
+constexpr int kDecMaxPairs = 1024;              // (sequence, KV head) pairs that may split
+constexpr size_t kDecCounterBytes = (size_t)kDecMaxPairs * kDecCntStride * sizeof(int);  // the header
+static_assert(kDecMaxGroups * kDecMaxGroups >= kDecMaxSplits, "group counters for every split count");
+static_assert(kDecCounterBytes % 256 == 0, "data regions stay 256-byte aligned");
 constexpr int kDecOStride = kDecD + 8;          // floats per row of a warp's O in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(16 * kDecOStride * 4 <= 2 * kDecStageBytes, "warp O copy fits in two stages");
@@ -274,7 +290,10 @@ struct DecTuning {
   int stages = 3;       // pipeline depth per warp: 2, 3 or 4 (smem 64 / 96 / 128 KB per CTA)
   int min_chunk = 128;  // fewest keys per split (multiple of 16)
   int direct_max = 16;  // up to this many splits merge in one level
-  int ctas_per_sm = 2;  // the split policy's target of resident CTAs per SM
+  // The split policy's target of CTAs per SM. attn_check --sweep on an H200
+  // (2026-11-24): 1 beats 2 by 4-10% from batch 4 to 128 (b16/4k 16.6 vs 18.6
+  // us, b64/2k 24.7 vs 25.6, b128/4k 68.5 vs 71.4) and ties at batch 1.
+  int ctas_per_sm = 1;
 };
 DecTuning g_dec_tuning;
 
@@ -282,8 +301,9 @@ struct DecParams {
   int G;           // query heads per KV head
   int min_chunk;
   int direct_max;
-  int gmax;        // group slots per (sequence, KV head) in the workspace
-  int* counters;   // [pairs][1 + gmax]: [0] the final merge, [1 + g] group g
+  int gmax;        // group slots per (sequence, KV head) in go / gml
+  int* counters;   // [kDecMaxPairs][kDecCntStride] at offset 0 (shape-independent):
+                   // [0] the final merge, [1 + g] group g
   float* po;       // [pairs][max_splits][G][128]  partial O (unnormalised)
   float2* pml;     // [pairs][max_splits][G]       partial (m, l), m in log2 units
   float* go;       // [pairs][gmax][G][128]        group results
@@ -299,7 +319,7 @@ struct DecShared {
   int flag;
 };
 
-__host__ __device__ inline int dec_ceil_sqrt(int n) {
+__host__ __device__ constexpr int dec_ceil_sqrt(int n) {
   int r = 1;
   while (r * r < n) ++r;
   return r;
@@ -485,6 +505,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   static_assert(S >= 2 && S <= 4, "pipeline depth");
   extern __shared__ __align__(1024) unsigned char dsmem[];
   __shared__ DecShared sh;
+  pdl_launch_dependents();  // o_proj's weights may start streaming under this kernel
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -755,7 +776,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     }
     if (tid < G) __stcg(p.pml + (pair * a.max_splits + split) * G + tid, make_float2(sh.M[tid], sh.L[tid]));
   }
-  int* cnt = p.counters + pair * (1 + p.gmax);
+  int* cnt = p.counters + pair * kDecCntStride;
   const float* stage = reinterpret_cast<const float*>(dsmem);
   const uint32_t stage_s = (uint32_t)__cvta_generic_to_shared(dsmem);
   const int cap = (kDecWarps * S * kDecStageBytes) / (G * kDecD * 4);
@@ -792,6 +813,8 @@ struct DecWsLayout {
   size_t counters, po, pml, go, gml, total;
   int gmax;
 };
+// The counter header is the same for every shape (see the top of this part);
+// only the data regions after it depend on the shape.
 DecWsLayout dec_ws_layout(int n_seqs, int G, int n_kv, int max_splits) {
   DecWsLayout w{};
   const size_t pairs = (size_t)n_seqs * n_kv;
@@ -799,7 +822,7 @@ DecWsLayout dec_ws_layout(int n_seqs, int G, int n_kv, int max_splits) {
   auto al = [](size_t x) { return (x + 255) & ~(size_t)255; };
   size_t off = 0;
   w.counters = off;
-  off = al(off + pairs * (1 + w.gmax) * sizeof(int));
+  off = al(off + kDecCounterBytes);
   w.po = off;
   off = al(off + pairs * max_splits * G * kDecD * sizeof(float));
   w.pml = off;
@@ -850,14 +873,23 @@ int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms) {
   return (int)std::max(1LL, std::min<long long>(s, kDecPolicyMaxSplits));
 }
 
+// Splits a launch really uses: more (sequence, KV head) pairs than the counter
+// header holds run unsplit (max_splits is a maximum; with that many pairs the
+// grid is large without splits, and the split policy never asks for it).
+static int dec_eff_splits(int n_seqs, int n_kv_heads, int max_splits) {
+  return (long long)n_seqs * n_kv_heads > kDecMaxPairs ? 1 : max_splits;
+}
+
 size_t decode_attention_workspace_bytes(int n_seqs, int n_q_heads, int n_kv_heads, int max_splits) {
-  if (n_seqs <= 0 || n_kv_heads <= 0 || n_q_heads <= 0 || n_q_heads % n_kv_heads != 0 || max_splits <= 1)
-    return 0;
+  if (n_seqs <= 0 || n_kv_heads <= 0 || n_q_heads <= 0 || n_q_heads % n_kv_heads != 0) return 0;
+  max_splits = dec_eff_splits(n_seqs, n_kv_heads, max_splits);
+  if (max_splits <= 1) return 0;
   return dec_ws_layout(n_seqs, n_q_heads / n_kv_heads, n_kv_heads, std::min(max_splits, kDecMaxSplits)).total;
 }
 
-cudaError_t attention_decode(const DecodeAttnArgs& a, cudaStream_t st) {
-  if (a.n_seqs <= 0) return cudaSuccess;
+cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
+  if (args.n_seqs <= 0) return cudaSuccess;
+  DecodeAttnArgs a = args;
   if (a.n_kv_heads <= 0 || a.n_q_heads <= 0 || a.n_q_heads % a.n_kv_heads != 0) return cudaErrorInvalidValue;
   const int G = a.n_q_heads / a.n_kv_heads;
   if (G < 1 || G > kDecodeMaxGroup) return cudaErrorInvalidValue;
@@ -868,6 +900,7 @@ cudaError_t attention_decode(const DecodeAttnArgs& a, cudaStream_t st) {
   if (!a.out && !a.out_q) return cudaErrorInvalidValue;
   if (!a.q || !a.k_cache || !a.v_cache || !a.q_row || !a.ctx_len || !a.bt_offset || !a.block_tables)
     return cudaErrorInvalidValue;
+  a.max_splits = dec_eff_splits(a.n_seqs, a.n_kv_heads, a.max_splits);
   if (a.max_splits > 1 && !a.workspace) return cudaErrorInvalidValue;
   const DecTuning& tu = g_dec_tuning;
   DecParams p{};
@@ -899,6 +932,9 @@ struct DecodeAttnTuning {
 void decode_attention_get_tuning(DecodeAttnTuning* t) {
   *t = {g_dec_tuning.stages, g_dec_tuning.min_chunk, g_dec_tuning.direct_max, g_dec_tuning.ctas_per_sm};
 }
+// Bytes at the start of every attention_decode workspace that hold the merge
+// counters (the same for every shape); all zero between launches.
+size_t decode_attention_counter_bytes() { return kDecCounterBytes; }
 void decode_attention_set_tuning(const DecodeAttnTuning* t) {
   if (!t) {
     g_dec_tuning = DecTuning{};

@@ -133,6 +133,17 @@ __device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], uint32_t a0, uint3
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// Programmatic dependent launch (sm_90): lets the next kernel of the stream, if
+// it was launched with cudaLaunchAttributeProgrammaticStreamSerialization,
+// start its prologue (e.g. streaming weights) while this one runs; the
+// dependent still waits (griddepcontrol.wait) for this grid to finish before
+// it touches anything this grid writes. A no-op for ordinary dependents.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace glmk

@@ -7,6 +7,7 @@ namespace {
 
 __global__ void embed_kernel(const __nv_bfloat16* __restrict__ table, const int* __restrict__ ids,
                              int H, float* __restrict__ h) {
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const __nv_bfloat162* row = reinterpret_cast<const __nv_bfloat162*>(table + (int64_t)ids[t] * H);
   float2* out = reinterpret_cast<float2*>(h + (int64_t)t * H);
@@ -20,6 +21,7 @@ constexpr int kEmbedThreads = 128;
 __global__ void __launch_bounds__(kEmbedThreads) embed_vec_kernel(
     const __nv_bfloat16* __restrict__ table, const int* __restrict__ ids, int H,
     float* __restrict__ h) {
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const int c = blockIdx.y * kEmbedThreads + threadIdx.x;  // 8-element chunk
   if (c >= H / 8) return;

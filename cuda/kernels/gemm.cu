@@ -2,8 +2,11 @@
 // kernels of our own (cuBLASLt FP8 reads weights at only ~2 TB/s for M <= 64,
 // gpu-machine.md): the weights are fed to mma.sync m16n8k32 e4m3 as the 16-row
 // A operand while the (few) tokens are the 8-column B operand ("swap A/B"),
-// streamed through a cp.async pipeline in shared memory for up to 32 token
-// rows per pass and through registers for up to 64.
+// streamed through a cp.async pipeline in shared memory (dense: up to 32 token
+// rows; grouped/MoE: any group size, in row tiles of 8, 16 or 32 rows) and, for
+// dense linears of 33..64 rows, through registers. The dense pipelined kernel
+// can be launched with programmatic dependent launch (weights stream before
+// griddepcontrol.wait); every kernel here triggers its dependents at once.
 // Prefill (many rows): cuBLASLt FP8 with FP32 output and the per-row /
 // per-column scales applied by gemm_fp8_epilogue. Also the BF16 lm_head and
 // FP32 router GEMMs (cuBLAS).
@@ -28,13 +31,49 @@ __host__ __device__ constexpr int stage_bytes(int mt, int r) {
   return kTileRows * stage_k(r) + mt * 2 * r * kChunk;
 }
 
+// Kernel forms (a template parameter, so the dense path compiles to the same
+// code as before the grouped tiling and PDL were added):
+//   kPlain: dense (one group of M rows), or grouped with a block per whole
+//           group (the dispatch before row tiles; StreamTuning::legacy);
+//   kTiled: grouped, one block per (group, row tile) work item, the blocks
+//           striding over the items (gridDim.z items per sweep);
+//   kPdl:   dense, launched with programmatic dependent launch: the first
+//           weight stages (and an L2 prefetch of more of the slice) are issued
+//           before griddepcontrol.wait, everything else after it.
+enum StreamMode { kPlain = 0, kTiled = 1, kPdl = 2 };
+
 // Per-launch constants of stream_gemm_kernel (chosen on the host).
 struct StreamLaunch {
   int k_per_split;  // K range of one block (multiple of the stage's K)
   int k_warps;      // warps of a block that split that K range (stage-interleaved)
   int stages;       // pipeline depth per warp
   int l2_prefetch;  // 0 / 1 / 2: none / 128 B / 256 B hint on the weight loads
+  int pdl_l2;       // kPdl: bytes of each weight row's K range (from its start) to prefetch
+                    // into L2 before griddepcontrol.wait (multiple of 16; 0: none)
 };
+
+// Programmatic dependent launch (sm_90). The trigger lets a dependent kernel
+// launched with cudaLaunchAttributeProgrammaticStreamSerialization start its
+// prologue once every block of this grid has issued it (a no-op otherwise);
+// the wait blocks until the grids this one depends on have completed and their
+// writes are visible (it returns at once in a kernel launched without PDL).
+__device__ __forceinline__ void gemm_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gemm_griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Asks L2 to fetch [p, p + bytes) from HBM (no registers, no completion to
+// wait for); p 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
 
 // Grouped form with a compacted grid: block z serves the z-th non-empty group
 // (group_offsets[g+1] > group_offsets[g]). Every warp finds it on its own, so
@@ -78,6 +117,60 @@ __device__ int nth_active_group(const int* __restrict__ offs, int G, int z, int&
   return -1;
 }
 
+// Grouped form with row tiles: work item z is the z-th (group, tile) pair in
+// group order, a group of n > 0 rows giving ceil(n / TR) tiles of TR rows (the
+// last one shorter). Like nth_active_group, every warp finds it on its own from
+// the offsets of up to 256 groups per round trip (an inclusive warp scan of
+// the tile counts). Returns the group, or -1 when there are at most z pairs,
+// with the tile's first row and row count; `total` = the number of pairs.
+template <int TR>
+__device__ int nth_group_tile(const int* __restrict__ offs, int G, int z, int& row0, int& cnt,
+                              int& total) {
+  const int lane = threadIdx.x & 31;
+  int seen = 0, found = -1, f_row0 = 0, f_cnt = 0;
+  for (int g0 = 0; g0 < G; g0 += 32 * 8) {
+    int lo[8], hi[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int g = g0 + 32 * u + lane;
+      lo[u] = g < G ? offs[g] : 0;
+      hi[u] = g < G ? offs[g + 1] : 0;
+    }
+    int mine = -1, my_row0 = 0, my_cnt = 0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      if (g0 + 32 * u >= G) break;  // warp-uniform
+      const int n = hi[u] - lo[u];
+      const int t = n > 0 ? (n + TR - 1) / TR : 0;
+      int s = t;  // inclusive scan of the tile counts over the lanes
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, s, d);
+        if (lane >= d) s += v;
+      }
+      const int first = seen + s - t;  // this lane's group's first pair
+      if (z >= first && z < first + t) {
+        const int j = z - first;
+        mine = g0 + 32 * u + lane;
+        my_row0 = lo[u] + j * TR;
+        my_cnt = min(TR, n - j * TR);
+      }
+      seen += __shfl_sync(0xffffffffu, s, 31);
+    }
+    const unsigned owner = __ballot_sync(0xffffffffu, mine >= 0);
+    if (owner) {
+      const int src = __ffs(owner) - 1;
+      found = __shfl_sync(0xffffffffu, mine, src);
+      f_row0 = __shfl_sync(0xffffffffu, my_row0, src);
+      f_cnt = __shfl_sync(0xffffffffu, my_cnt, src);
+    }
+  }
+  total = seen;
+  row0 = f_row0;
+  cnt = f_cnt;
+  return found;
+}
+
 // One warp owns one 16-row weight tile and every k_warps-th stage of the
 // block's K range; a block holds row_tiles x k_warps warps (warp = tile *
 // k_warps + kw). Weights: each copy instruction of a warp moves 512 contiguous
@@ -94,6 +187,12 @@ __device__ int nth_active_group(const int* __restrict__ offs, int G, int z, int&
 // c = lane%4) holds bytes 64j+16c .. +15 of weight rows g and g+8 and of token
 // row g; the first mma takes bytes 0..7 of each lane's 16 (a0/a2/b0/b1 = words
 // 0 and 1), the second bytes 8..15.
+//
+// Determinism: a row's result depends only on K, the stage width (R), the
+// K-warps (k_warps) and ksplit, never on the row's position in its group, the
+// group's size or the row tiling (each output element is its own dot product,
+// summed per warp in stage order and folded over the K-warps in kw order).
+//
 // Stores one warp's mma accumulators: accumulator (t, e) is weight row nA
 // (e < 2) or nB, token row chunk + 8t + 2c + (e & 1) of the group. With
 // split-K the raw partial sums go to the workspace for the epilogue kernel;
@@ -123,7 +222,7 @@ __device__ __forceinline__ void store_acc(const StreamGemmArgs& a, const float (
   }
 }
 
-template <int MT, int R>
+template <int MT, int R, int MODE>
 __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
     stream_gemm_kernel(StreamGemmArgs a, StreamLaunch L) {
   constexpr int KS = stage_k(R);            // K bytes per stage
@@ -131,14 +230,20 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
   constexpr int ROWS_PER_COPY = 32 / CR;    // weight rows one warp-wide copy covers
   constexpr int W_COPIES = kTileRows / ROWS_PER_COPY;
   constexpr int SBYTES = stage_bytes(MT, R);
+  constexpr int TR = 8 * MT;                // kTiled: rows per work item (one token chunk)
   extern __shared__ __align__(16) uint8_t smem[];
+  gemm_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int KW = L.k_warps, S = L.stages;
   const int kw = warp % KW, tile = warp / KW;
   const int row_tiles = (int)(blockDim.x >> 5) / KW;
   int grp = blockIdx.z, row0 = 0, cnt = a.M;
-  if (a.group_offsets) {
+  int item = blockIdx.z, n_items = 1;
+  if (MODE == kTiled) {
+    grp = nth_group_tile<TR>(a.group_offsets, a.groups, item, row0, cnt, n_items);
+    if (grp < 0) return;  // block-uniform
+  } else if (MODE == kPlain && a.group_offsets) {
     if ((int)gridDim.z == a.groups) {
       row0 = a.group_offsets[grp];
       cnt = a.group_offsets[grp + 1] - row0;
@@ -154,38 +259,23 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
   const int kbeg = blockIdx.y * L.k_per_split;
   // This lane's weight copies: rows n0 + lane/CR + u*ROWS_PER_COPY, piece lane%CR.
   const int crow = lane / CR, cpiece = lane % CR;
-  const uint8_t* wsrc = a.W + ((int64_t)grp * a.N + n0 + crow) * K + kbeg + cpiece * 16;
   const int64_t wstep = (int64_t)ROWS_PER_COPY * K;
   // Rows past N (last tile) are not copied; their outputs are not written.
   const int rows_left = a.N - n0 - crow;  // copy u is valid if u*ROWS_PER_COPY < rows_left
   const int n_stages = L.k_per_split / KS;
   const int my_n = (live && n_stages > kw) ? (n_stages - kw + KW - 1) / KW : 0;
   const int nA = n0 + g, nB = n0 + g + 8;
-  const float* wsc = a.w_scale + (int64_t)grp * a.N;
-  const float* bias = a.bias ? a.bias + (int64_t)grp * a.N : nullptr;
   uint8_t* wbuf = smem + (size_t)warp * S * SBYTES;
   const uint32_t wbuf_s = (uint32_t)__cvta_generic_to_shared(wbuf);
   const int pf = L.l2_prefetch;
   const int swz = (g & 1) << 2;  // the swizzle of fragment rows g and g+8
 
-  for (int chunk = 0; chunk < cnt; chunk += 8 * MT) {
-    const int nt = min(MT, (cnt - chunk + 7) / 8);
-    const uint8_t* xp[MT];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) {
-      const int r = chunk + t * 8 + g;
-      xp[t] = nullptr;
-      if (t < nt && r < cnt) {
-        const int xr = a.x_rows ? a.x_rows[row0 + r] : row0 + r;
-        xp[t] = a.X + (int64_t)xr * K + kbeg + 16 * c;
-      }
-    }
-    float acc[MT][4];
-#pragma unroll
-    for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-
-    // Copies of this warp's i-th stage into pipeline slot `slot`.
-    auto issue = [&](int i, int slot) {
+  for (;;) {  // work items: one for kPlain / kPdl, gridDim.z apart for kTiled
+    const uint8_t* wsrc = a.W + ((int64_t)grp * a.N + n0 + crow) * K + kbeg + cpiece * 16;
+    const float* wsc = a.w_scale + (int64_t)grp * a.N;
+    const float* bias = a.bias ? a.bias + (int64_t)grp * a.N : nullptr;
+    // Weight copies of this warp's i-th stage into pipeline slot `slot`.
+    auto issue_w = [&](int i, int slot) {
       const int koff = (kw + i * KW) * KS;
       const uint32_t d = wbuf_s + slot * SBYTES;
 #pragma unroll
@@ -194,82 +284,133 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
         if (u * ROWS_PER_COPY < rows_left)
           cp_async_cg16(d + row * KS + ((cpiece ^ ((row & 1) << 2)) * 16), wsrc + u * wstep + koff, pf);
       }
-      const uint32_t dx = d + kTileRows * KS + lane * 16;
-#pragma unroll
-      for (int t = 0; t < MT; ++t)
-        if (xp[t])
-#pragma unroll
-          for (int j = 0; j < 2 * R; ++j)
-            cp_async_ca16(dx + (t * 2 * R + j) * kChunk, xp[t] + koff + 64 * j);
     };
-    // Prologue: S-1 stages in flight. One commit group per stage (empty
-    // groups past the end keep the count uniform for wait_group).
-    for (int i = 0; i < S - 1; ++i) {
-      if (i < my_n) issue(i, i);
-      cp_async_commit();
+    bool w_issued = false;  // kPdl: the prologue's weight stages are already in flight
+    if (MODE == kPdl) {
+      // Weights are never written by a kernel: stream the first stages (and
+      // prefetch more of this tile's rows into L2) while the previous kernel
+      // finishes; activations, scales and outputs only after the wait.
+      for (int i = 0; i < S - 1; ++i)
+        if (i < my_n) issue_w(i, i);
+      if (L.pdl_l2 > 0 && live && lane < kTileRows && lane % KW == kw && n0 + lane < a.N) {
+        const int done = min(L.k_per_split, (S - 1) * KW * KS);  // covered by the prologue
+        const int bytes = L.pdl_l2 - done;
+        if (bytes > 0) prefetch_l2_bulk(a.W + (int64_t)(n0 + lane) * K + kbeg + done, (uint32_t)bytes);
+      }
+      gemm_griddep_wait();
+      w_issued = true;
     }
-    int slot = 0, fill = S - 1;
-    for (int i = 0; i < my_n; ++i) {
-      cp_async_wait_pending(S - 2);  // this lane's copies of stage i have landed
-      __syncwarp();                  // ... and every lane's; slot `fill` was read by all
-      if (i + S - 1 < my_n) issue(i + S - 1, fill);
-      cp_async_commit();
-      if (++fill == S) fill = 0;
-      const uint8_t* sw = wbuf + slot * SBYTES;
-      const uint8_t* sx = sw + kTileRows * KS + lane * 16;
-      if (++slot == S) slot = 0;
+
+    for (int chunk = 0; chunk < cnt; chunk += 8 * MT) {
+      const int nt = min(MT, (cnt - chunk + 7) / 8);
+      const uint8_t* xp[MT];
 #pragma unroll
-      for (int j = 0; j < 2 * R; ++j) {
-        const int q = ((4 * j + c) ^ swz) * 16;
-        const uint4 A = *reinterpret_cast<const uint4*>(sw + g * KS + q);
-        const uint4 B = *reinterpret_cast<const uint4*>(sw + (g + 8) * KS + q);
+      for (int t = 0; t < MT; ++t) {
+        const int r = chunk + t * 8 + g;
+        xp[t] = nullptr;
+        if (t < nt && r < cnt) {
+          const int xr = a.x_rows ? a.x_rows[row0 + r] : row0 + r;
+          xp[t] = a.X + (int64_t)xr * K + kbeg + 16 * c;
+        }
+      }
+      float acc[MT][4];
 #pragma unroll
-        for (int t = 0; t < MT; ++t) {
-          if (t < nt) {
-            uint4 x = make_uint4(0, 0, 0, 0);
-            if (xp[t]) x = *reinterpret_cast<const uint4*>(sx + (t * 2 * R + j) * kChunk);
-            mma_e4m3_16832(acc[t], A.x, B.x, A.y, B.y, x.x, x.y);
-            mma_e4m3_16832(acc[t], A.z, B.z, A.w, B.w, x.z, x.w);
+      for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+
+      // Token copies of this warp's i-th stage into pipeline slot `slot`.
+      auto issue_x = [&](int i, int slot) {
+        const int koff = (kw + i * KW) * KS;
+        const uint32_t dx = wbuf_s + slot * SBYTES + kTileRows * KS + lane * 16;
+#pragma unroll
+        for (int t = 0; t < MT; ++t)
+          if (xp[t])
+#pragma unroll
+            for (int j = 0; j < 2 * R; ++j)
+              cp_async_ca16(dx + (t * 2 * R + j) * kChunk, xp[t] + koff + 64 * j);
+      };
+      // Prologue: S-1 stages in flight. One commit group per stage (empty
+      // groups past the end keep the count uniform for wait_group). With PDL
+      // the first group also holds every prologue weight stage (issued before
+      // the wait), so stage 0 waits for those too: they had the head start.
+      for (int i = 0; i < S - 1; ++i) {
+        if (i < my_n) {
+          if (!(MODE == kPdl && w_issued)) issue_w(i, i);
+          issue_x(i, i);
+        }
+        cp_async_commit();
+      }
+      w_issued = false;
+      int slot = 0, fill = S - 1;
+      for (int i = 0; i < my_n; ++i) {
+        cp_async_wait_pending(S - 2);  // this lane's copies of stage i have landed
+        __syncwarp();                  // ... and every lane's; slot `fill` was read by all
+        if (i + S - 1 < my_n) {
+          issue_w(i + S - 1, fill);
+          issue_x(i + S - 1, fill);
+        }
+        cp_async_commit();
+        if (++fill == S) fill = 0;
+        const uint8_t* sw = wbuf + slot * SBYTES;
+        const uint8_t* sx = sw + kTileRows * KS + lane * 16;
+        if (++slot == S) slot = 0;
+#pragma unroll
+        for (int j = 0; j < 2 * R; ++j) {
+          const int q = ((4 * j + c) ^ swz) * 16;
+          const uint4 A = *reinterpret_cast<const uint4*>(sw + g * KS + q);
+          const uint4 B = *reinterpret_cast<const uint4*>(sw + (g + 8) * KS + q);
+#pragma unroll
+          for (int t = 0; t < MT; ++t) {
+            if (t < nt) {
+              uint4 x = make_uint4(0, 0, 0, 0);
+              if (xp[t]) x = *reinterpret_cast<const uint4*>(sx + (t * 2 * R + j) * kChunk);
+              mma_e4m3_16832(acc[t], A.x, B.x, A.y, B.y, x.x, x.y);
+              mma_e4m3_16832(acc[t], A.z, B.z, A.w, B.w, x.z, x.w);
+            }
           }
         }
       }
-    }
-    cp_async_wait_pending(0);  // only empty groups can remain
-    __syncwarp();              // every lane is done with the buffer
+      cp_async_wait_pending(0);  // only empty groups can remain
+      __syncwarp();              // every lane is done with the buffer
 
-    if (KW > 1) {
-      // Fold the K-warps of each tile into its kw == 0 warp, in kw order
-      // (deterministic). Each warp parks its partials in its own (idle) buffer.
-      float* red = reinterpret_cast<float*>(wbuf);
+      if (KW > 1) {
+        // Fold the K-warps of each tile into its kw == 0 warp, in kw order
+        // (deterministic). Each warp parks its partials in its own (idle) buffer.
+        float* red = reinterpret_cast<float*>(wbuf);
 #pragma unroll
-      for (int t = 0; t < MT; ++t)
+        for (int t = 0; t < MT; ++t)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if (t < nt) red[(t * 4 + e) * 32 + lane] = acc[t][e];
-      __syncthreads();
-      if (kw == 0) {
-        for (int w = 1; w < KW; ++w) {
-          const float* o = reinterpret_cast<const float*>(smem + (size_t)(warp + w) * S * SBYTES);
+          for (int e = 0; e < 4; ++e)
+            if (t < nt) red[(t * 4 + e) * 32 + lane] = acc[t][e];
+        __syncthreads();
+        if (kw == 0) {
+          for (int w = 1; w < KW; ++w) {
+            const float* o = reinterpret_cast<const float*>(smem + (size_t)(warp + w) * S * SBYTES);
 #pragma unroll
-          for (int t = 0; t < MT; ++t)
+            for (int t = 0; t < MT; ++t)
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (t < nt) acc[t][e] += o[(t * 4 + e) * 32 + lane];
+              for (int e = 0; e < 4; ++e)
+                if (t < nt) acc[t][e] += o[(t * 4 + e) * 32 + lane];
+          }
         }
       }
-    }
 
-    // Accumulator (t): c0 = (weight row g, token 2c), c1 = (g, 2c+1),
-    // c2 = (g+8, 2c), c3 = (g+8, 2c+1).
-    if (kw == 0 && live) {
-      store_acc<MT>(a, acc, nt, chunk, c, nA, nB, cnt, row0, wsc, bias);
+      // Accumulator (t): c0 = (weight row g, token 2c), c1 = (g, 2c+1),
+      // c2 = (g+8, 2c), c3 = (g+8, 2c+1).
+      if (kw == 0 && live) {
+        store_acc<MT>(a, acc, nt, chunk, c, nA, nB, cnt, row0, wsc, bias);
+      }
+      if (KW > 1) __syncthreads();  // partner buffers are read before the next chunk refills them
     }
-    if (KW > 1) __syncthreads();  // partner buffers are read before the next chunk refills them
+    if (MODE != kTiled) break;
+    item += gridDim.z;  // more pairs than the grid covers (a skewed routing): next sweep
+    if (item >= n_items) break;
+    grp = nth_group_tile<TR>(a.group_offsets, a.groups, item, row0, cnt, n_items);
   }
 }
 
-// Register-pipelined variant for 33..64 token rows per pass (the first
-// design): 8 warps x 16 rows per block, each lane loading 16 bytes of rows g
+// Register-pipelined variant for dense linears of 33..64 token rows per pass
+// and the grouped dispatch before row tiles above 32 rows (StreamTuning::legacy;
+// the first design): 8 warps x 16 rows per block, each lane loading 16 bytes of rows g
 // and g+8 per 64-byte half with the next 128-byte stage in flight in
 // registers, tokens read through L1 (every warp of the block reads the same
 // ones). Same fragment mapping as above (R = 1, no swizzle).
@@ -277,6 +418,7 @@ constexpr int kRegRowsPerBlock = kMaxBlockWarps * kTileRows;
 template <int MT>
 __global__ void __launch_bounds__(kMaxBlockWarps * 32)
     reg_stream_gemm_kernel(StreamGemmArgs a, int k_per_split) {
+  gemm_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   int grp = blockIdx.z, row0 = 0, cnt = a.M;
@@ -356,6 +498,7 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32)
 constexpr int kF32Rows = 8;
 constexpr int kWarps = 8;
 __global__ void __launch_bounds__(kWarps * 32) f32act_gemm_kernel(StreamGemmArgs a) {
+  gemm_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int grp = blockIdx.y;
   int row0 = 0, cnt = a.M;
@@ -403,6 +546,7 @@ __global__ void epilogue_kernel(const float* __restrict__ ws, int ksplit, int M,
                                 const float* __restrict__ xs, const float* __restrict__ wsc,
                                 const float* __restrict__ bias, float* __restrict__ Y,
                                 int64_t ldy) {
+  gemm_launch_dependents();
   const int64_t total = (int64_t)M * N;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {
@@ -425,7 +569,9 @@ namespace {
 // (K split over the warps of a block when the tiles are fewer), 3 stages per
 // warp (2 when that is what keeps the whole grid resident: a second wave of
 // blocks costs more than the shallower pipeline); the 256-byte L2 prefetch
-// hint only with several token tiles (one tile: it cost ~1%).
+// hint only with several token tiles (one tile: it cost ~1%). Grouped form:
+// the K-warps are chosen for the groups (max_active_groups), the grid for the
+// (group, row tile) pairs (tiled_items).
 constexpr int kTargetWarpsPerSM = 16;
 constexpr int kDefaultStages = 3;
 constexpr int kMinStagesPerWarp = 4;
@@ -433,11 +579,16 @@ constexpr int default_l2_prefetch(int mt) { return mt == 1 ? 0 : 2; }
 constexpr int kSmemBudgetPerSM = 216 * 1024;  // multi-wave grids: depth for 16 warps per SM
 
 constexpr int kMaxDevices = 64;
-constexpr int kStreamKernels = 5;  // <MT, R> = <1,1> <1,2> <1,4> <2,1> <4,1>
+// <MT, R> = <1,1> <1,2> <1,4> <2,1> <4,1>, each in the three StreamModes.
+constexpr int kStreamShapes = 5;
+constexpr int kStreamKernels = kStreamShapes * 3;
+// kPdl: at most this share of L2 is filled by the prefetch of weights that
+// runs before griddepcontrol.wait (the rest of the slice streams as usual).
+constexpr int kPdlL2Share = 2;  // 1/2
 
 struct DeviceInfo {
   int sms = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0, regs_per_sm = 0;
-  int max_warps = 0, max_blocks = 0;
+  int max_warps = 0, max_blocks = 0, l2_bytes = 0;
 };
 DeviceInfo g_dev_info[kMaxDevices];
 std::atomic<bool> g_dev_ready[kMaxDevices];
@@ -464,7 +615,8 @@ cudaError_t device_info(int& dev, DeviceInfo& info) {
                {&d.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock},
                {&d.regs_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor},
                {&threads, cudaDevAttrMaxThreadsPerMultiProcessor},
-               {&d.max_blocks, cudaDevAttrMaxBlocksPerMultiprocessor}};
+               {&d.max_blocks, cudaDevAttrMaxBlocksPerMultiprocessor},
+               {&d.l2_bytes, cudaDevAttrL2CacheSize}};
   for (const auto& at : attrs) {
     e = cudaDeviceGetAttribute(at.v, at.a, dev);
     if (e != cudaSuccess) return e;
@@ -492,13 +644,38 @@ struct StreamPlan {
   size_t smem = 0;
 };
 
+// Groups the grid is sized for: at most max_active_groups of them non-empty.
+int group_slots(const StreamGemmArgs& a) {
+  if (!a.group_offsets) return 1;
+  return a.max_active_groups > 0 ? std::min(a.groups, a.max_active_groups) : a.groups;
+}
+
+// kTiled: (group, row tile) work items one sweep of the grid covers. The
+// blocks stride over all the pairs there are, so this is a size, not a bound
+// results depend on: at most A groups (group_slots) of at most B rows
+// (max_rows_per_group, else M) give at most A * ceil(B / tr) pairs; a routing
+// with U rows per group gives about A + A * U / tr (U = typical_rows_per_group,
+// else B): the smaller of the two, so the usual step needs one sweep and the
+// grid holds few blocks that find no pair.
+int tiled_items(const StreamGemmArgs& a, int tr) {
+  const int64_t A = group_slots(a);
+  const int bound = a.max_rows_per_group > 0 ? a.max_rows_per_group : a.M;
+  const int64_t B = bound > 0 ? bound : tr;  // unknown: one tile per group, the sweeps do the rest
+  const int64_t U = std::max<int64_t>(1, std::min<int64_t>(B, a.typical_rows_per_group > 0
+                                                                   ? a.typical_rows_per_group
+                                                                   : B));
+  const int64_t items = std::min(A * ((B + tr - 1) / tr), A + (A * U + tr - 1) / tr);
+  return (int)std::max<int64_t>(1, std::min<int64_t>(items, 65535));
+}
+
 // Launch shape (see the policy above). Returns false for an impossible tuning.
-bool plan_stream(const StreamGemmArgs& a, int mt, int r, const StreamTuning& tu, const DeviceInfo& d,
-                 int regs, StreamPlan& p) {
+bool plan_stream(const StreamGemmArgs& a, int mt, int r, int mode, const StreamTuning& tu,
+                 const DeviceInfo& d, int regs, StreamPlan& p) {
   const int tiles = ceil_div(a.N, kTileRows);
-  const int slots = a.group_offsets
-                        ? (a.max_active_groups > 0 ? std::min(a.groups, a.max_active_groups) : a.groups)
-                        : 1;
+  // The K-warps follow the groups, not the row tiles: a row's summation order
+  // (K-warps) is then the same whatever the tiling (and as in the dispatch before it).
+  const int slots = group_slots(a);
+  const int zdim = mode == kTiled ? tiled_items(a, 8 * mt) : slots;
   const int kps = a.K / a.ksplit;
   if (kps % stage_k(r) != 0) return false;
   const int n_stages = kps / stage_k(r);
@@ -514,7 +691,7 @@ bool plan_stream(const StreamGemmArgs& a, int mt, int r, const StreamTuning& tu,
   if (kw < 1 || rt < 1 || kw * rt > kMaxBlockWarps) return false;
   const int warps = kw * rt;
   const int sbytes = stage_bytes(mt, r);
-  const int64_t blocks = (int64_t)ceil_div(tiles, rt) * a.ksplit * slots;
+  const int64_t blocks = (int64_t)ceil_div(tiles, rt) * a.ksplit * zdim;
   int stages = tu.stages;
   if (stages <= 0) {
     for (int st = kDefaultStages; st >= 2 && stages == 0; --st) {
@@ -533,14 +710,27 @@ bool plan_stream(const StreamGemmArgs& a, int mt, int r, const StreamTuning& tu,
   if (pf > 2) return false;
   p.smem = (size_t)warps * stages * sbytes;
   if (p.smem > (size_t)d.smem_optin) return false;
-  p.launch = StreamLaunch{kps, kw, stages, pf};
-  p.grid = dim3(ceil_div(tiles, rt), a.ksplit, slots);
+  int pdl_l2 = 0;
+  if (mode == kPdl) {
+    // Bytes of each weight row's K range prefetched into L2 before the wait:
+    // the whole range while the weights fill at most 1/kPdlL2Share of L2,
+    // else the leading part that does.
+    const int64_t rows = (int64_t)a.N * a.ksplit;
+    int64_t b = tu.pdl_prefetch >= 0 ? tu.pdl_prefetch
+                                     : (int64_t)d.l2_bytes / kPdlL2Share / std::max<int64_t>(1, rows);
+    b = std::min<int64_t>(b, kps) / 128 * 128;
+    pdl_l2 = (int)std::max<int64_t>(0, b);
+  }
+  p.launch = StreamLaunch{kps, kw, stages, pf, pdl_l2};
+  p.grid = dim3(ceil_div(tiles, rt), a.ksplit, zdim);
   p.threads = warps * 32;
   return true;
 }
 
-template <int MT, int R, int ID>
+template <int MT, int R, int MODE>
 cudaError_t launch_stream(const StreamGemmArgs& a, const StreamTuning& tu, cudaStream_t st) {
+  constexpr int shape = MT == 1 ? (R == 1 ? 0 : R == 2 ? 1 : 2) : MT == 2 ? 3 : 4;
+  constexpr int ID = MODE * kStreamShapes + shape;
   static_assert(ID >= 0 && ID < kStreamKernels, "kernel id");
   int dev = 0;
   DeviceInfo d;
@@ -548,29 +738,69 @@ cudaError_t launch_stream(const StreamGemmArgs& a, const StreamTuning& tu, cudaS
   if (e != cudaSuccess) return e;
   int regs = g_kernel_regs[dev][ID].load(std::memory_order_relaxed);
   if (regs == 0) {
-    e = cudaFuncSetAttribute(stream_gemm_kernel<MT, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    e = cudaFuncSetAttribute(stream_gemm_kernel<MT, R, MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              d.smem_optin);
     cudaFuncAttributes fa;
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, stream_gemm_kernel<MT, R>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, stream_gemm_kernel<MT, R, MODE>);
     if (e != cudaSuccess) return e;
     regs = std::max(1, fa.numRegs);
     g_kernel_regs[dev][ID].store(regs, std::memory_order_relaxed);
   }
   StreamPlan p;
-  if (!plan_stream(a, MT, R, tu, d, regs, p)) return cudaErrorInvalidValue;
-  stream_gemm_kernel<MT, R><<<p.grid, p.threads, p.smem, st>>>(a, p.launch);
+  if (!plan_stream(a, MT, R, MODE, tu, d, regs, p)) return cudaErrorInvalidValue;
+  if (MODE == kPdl) {
+    // Programmatic dependent launch: the kernel may start while the previous
+    // kernel of the stream runs (once that one triggers or finishes) and
+    // synchronises with it through griddepcontrol.wait. Inside stream capture
+    // this becomes a programmatic edge when the previous node is a kernel.
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = p.grid;
+    cfg.blockDim = dim3(p.threads);
+    cfg.dynamicSmemBytes = p.smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    e = cudaLaunchKernelEx(&cfg, stream_gemm_kernel<MT, R, MODE>, a, p.launch);
+    if (e != cudaSuccess) return e;
+  } else {
+    stream_gemm_kernel<MT, R, MODE><<<p.grid, p.threads, p.smem, st>>>(a, p.launch);
+  }
   return cudaGetLastError();
 }
 
 // Up to 32 token rows per pass: the pipelined kernel (K bytes per stage from
 // the tuning, else 128; wider stages only with one token tile).
-template <int MT>
+template <int MT, int MODE>
 cudaError_t launch_pipelined(const StreamGemmArgs& a, const StreamTuning& tu, cudaStream_t st) {
   const int sk = tu.stage_k > 0 ? tu.stage_k : kKStep;
-  if (MT == 1 && sk == 256) return launch_stream<1, 2, 1>(a, tu, st);
-  if (MT == 1 && sk == 512) return launch_stream<1, 4, 2>(a, tu, st);
+  if (MT == 1 && sk == 256) return launch_stream<1, 2, MODE>(a, tu, st);
+  if (MT == 1 && sk == 512) return launch_stream<1, 4, MODE>(a, tu, st);
   if (sk != kKStep) return cudaErrorInvalidValue;
-  return launch_stream<MT, 1, MT == 1 ? 0 : MT == 2 ? 3 : 4>(a, tu, st);
+  return launch_stream<MT, 1, MODE>(a, tu, st);
+}
+
+template <int MT>
+cudaError_t launch_pipelined_mode(const StreamGemmArgs& a, const StreamTuning& tu, int mode,
+                                  cudaStream_t st) {
+  if (mode == kTiled) return launch_pipelined<MT, kTiled>(a, tu, st);
+  if (mode == kPdl) return launch_pipelined<MT, kPdl>(a, tu, st);
+  return launch_pipelined<MT, kPlain>(a, tu, st);
+}
+
+// Row-tile height of the grouped form: 8, 16 or 32 (the 1, 2, 4 token tiles
+// of the kernel), from the tuning, else from the rows a group typically has;
+// 0 when that is above 32 (prefill-sized groups): the whole-group dispatch,
+// whose register kernel shares each token row among the 8 warps of a block
+// (a 32-row tile moves twice its weight bytes of tokens into shared memory).
+int group_tile_rows(const StreamGemmArgs& a, const StreamTuning& tu) {
+  if (tu.tile_rows != 0) return tu.tile_rows;
+  const int bound = a.max_rows_per_group > 0 ? a.max_rows_per_group : a.M;
+  int u = a.typical_rows_per_group > 0 ? a.typical_rows_per_group : bound;
+  if (bound > 0) u = std::min(u, bound);
+  return u <= 8 ? 8 : u <= 16 ? 16 : u <= 32 ? 32 : 0;
 }
 
 }  // namespace
@@ -619,25 +849,40 @@ cudaError_t gemm_fp8_stream_tuned(const StreamGemmArgs& a, const StreamTuning& t
   }
   if (a.K <= 0 || a.ksplit < 1 || a.K % (a.ksplit * kKStep) != 0) return cudaErrorInvalidValue;
   if (a.ksplit > 1 && (a.group_offsets || !a.ws)) return cudaErrorInvalidValue;
-  if (a.groups > 65535 || a.max_active_groups < 0) return cudaErrorInvalidValue;
+  if (a.groups > 65535 || a.max_active_groups < 0 || a.typical_rows_per_group < 0)
+    return cudaErrorInvalidValue;
+  if (tu.tile_rows != 0 && (tu.legacy || !a.group_offsets ||
+                            (tu.tile_rows != 8 && tu.tile_rows != 16 && tu.tile_rows != 32)))
+    return cudaErrorInvalidValue;
   const int bound = a.max_rows_per_group > 0 ? a.max_rows_per_group : a.M;
   cudaError_t e;
+  const int tr = a.group_offsets && !tu.legacy ? group_tile_rows(a, tu) : 0;
+  if (tr > 0) {
+    // Grouped: row tiles of 8, 16 or 32 rows through the pipelined kernel,
+    // whatever the group sizes (a group taller than a tile streams its
+    // weights once per tile).
+    return tr == 8 ? launch_pipelined_mode<1>(a, tu, kTiled, st)
+                   : tr == 16 ? launch_pipelined_mode<2>(a, tu, kTiled, st)
+                              : launch_pipelined_mode<4>(a, tu, kTiled, st);  // no ksplit with groups
+  }
+  const int mode = (a.pdl && !a.group_offsets) ? kPdl : kPlain;
   if (bound <= 8) {
-    e = launch_pipelined<1>(a, tu, st);
+    e = launch_pipelined_mode<1>(a, tu, mode, st);
   } else if (bound <= 16) {
-    e = launch_pipelined<2>(a, tu, st);
+    e = launch_pipelined_mode<2>(a, tu, mode, st);
   } else if (bound <= 32) {
-    e = launch_pipelined<4>(a, tu, st);
+    e = launch_pipelined_mode<4>(a, tu, mode, st);
   } else {
     const StreamTuning dflt;
     if (tu.k_warps != dflt.k_warps || tu.row_tiles != dflt.row_tiles || tu.stages != dflt.stages ||
-        tu.l2_prefetch != dflt.l2_prefetch || tu.stage_k != dflt.stage_k)
+        tu.l2_prefetch != dflt.l2_prefetch || tu.stage_k != dflt.stage_k ||
+        tu.pdl_prefetch != dflt.pdl_prefetch)
       return cudaErrorInvalidValue;  // the register-pipelined kernel has no launch options
     // 64 token rows per pass: the token copies would crowd the weights out of
     // a shared-memory pipeline, so the register-pipelined kernel (tokens
-    // through L1, shared by the block's 8 warps) streams the weights.
-    const int slots = a.max_active_groups > 0 ? std::min(a.groups, a.max_active_groups) : a.groups;
-    dim3 grid(ceil_div(a.N, kRegRowsPerBlock), a.ksplit, a.group_offsets ? slots : 1);
+    // through L1, shared by the block's 8 warps) streams the weights. Plain
+    // launch (no PDL) in every case.
+    dim3 grid(ceil_div(a.N, kRegRowsPerBlock), a.ksplit, group_slots(a));
     reg_stream_gemm_kernel<8><<<grid, kMaxBlockWarps * 32, 0, st>>>(a, a.K / a.ksplit);
     e = cudaGetLastError();
   }

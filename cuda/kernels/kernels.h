@@ -175,11 +175,23 @@ cudaError_t attention_decode(const DecodeAttnArgs& a, cudaStream_t st);
 // 16-row operand, tokens as the 8-column operand) for few rows; groups give the
 // grouped (MoE) form: group g uses weights W + g*N*K and rows
 // [group_offsets[g], group_offsets[g+1]) whose activations are X[x_rows[r]].
-// K % 128 == 0 (per split), N any. Up to 32 rows per group (the bound below):
-// weights streamed through a cp.async pipeline in shared memory, K possibly
-// split over the warps of a block (reduced in shared memory in a fixed order,
-// so results are deterministic); more rows: a register-pipelined kernel. With
+// K % 128 == 0 (per split), N any.
+// Dense (no groups): up to 32 rows (max_rows_per_group, else M) the weights
+// are streamed through a cp.async pipeline in shared memory, K possibly split
+// over the warps of a block (reduced in shared memory in a fixed order, so
+// results are deterministic); more rows: a register-pipelined kernel. With
 // ksplit > 1, K is also split over blocks (partials in ws + gemm_fp8_epilogue).
+// Grouped: every group, whatever its size, through the pipelined kernel in
+// row tiles of 8, 16 or 32 rows (typical_rows_per_group picks the height); a
+// block serves one (group, tile) pair found on the device among the non-empty
+// groups, and the blocks stride over the pairs, so the result never depends on
+// the bounds below (they size the grid); a group taller than a tile streams its
+// weights once per tile. When groups typically hold more than 32 rows (prefill)
+// the whole-group dispatch of before runs instead (StreamTuning::legacy: a block
+// per group, pipelined kernel up to a 32-row bound, register kernel above). A
+// row's result depends only on K, the K-warps and the stage width, not on the
+// tiling: a group that fits one tile gives bit for bit what the whole-group
+// dispatch gives with the same K-warps (the register kernel sums like one K-warp).
 struct StreamGemmArgs {
   const uint8_t* W = nullptr;       // [groups][N][K]
   const float* w_scale = nullptr;   // [groups][N]
@@ -193,29 +205,66 @@ struct StreamGemmArgs {
   const int* x_rows = nullptr;      // null: identity
   const int* group_offsets = nullptr;  // null: one group of M rows
   int groups = 1, M = 0, N = 0, K = 0;
-  int max_rows_per_group = 0;       // host bound, picks the register tile (<= M or T)
+  // Host bound on the rows of a group (dense: <= M). Dense: picks the kernel and
+  // its token tile (<= 8, 16, 32 rows: pipelined; more: register kernel).
+  // Grouped: with max_active_groups sizes the grid (see below).
+  int max_rows_per_group = 0;
   // Grouped form: an upper bound on the number of non-empty groups (e.g.
-  // tokens x slots for MoE); the grid then covers only that many groups, each
-  // block finding its group among the non-empty ones. 0: all groups. A bound
-  // below the true count drops groups, so it must be a real bound.
+  // min(groups, rows x slots) for MoE); the grid then covers only that many
+  // groups, each block finding its group among the non-empty ones. 0: all groups.
+  // With row tiles an underestimate costs time, not correctness (the blocks
+  // loop over any further pairs); with the whole-group dispatch (typical rows
+  // above 32, or StreamTuning::legacy) a bound below the true count drops groups,
+  // so pass a real bound.
   int max_active_groups = 0;
+  // Grouped form: the rows a non-empty group typically has (MoE: the expected
+  // rows of a routed expert, ceil(rows x top_k / n_routed_experts); GLM-4.7:
+  // ceil(rows / 20)). Picks the row-tile height: <= 8: 8-row tiles, <= 16: 16,
+  // <= 32: 32, more: the whole-group dispatch. 0: max_rows_per_group (else M),
+  // i.e. the dispatch before this field unless that bound is <= 32. The grid covers
+  //   items = min(A * ceil(B / R), A + ceil(A * U / R))   (group, tile) pairs,
+  // A = min(groups, max_active_groups) (groups if 0), B = max_rows_per_group
+  // (else M; R if neither is set), U = min(typical_rows_per_group, B) (B if 0),
+  // R = the tile height; when a step has more pairs the blocks sweep again.
+  int typical_rows_per_group = 0;
   int ksplit = 1;                   // >1 only without groups; needs ws
   float* Y = nullptr;               // [rows][ldy]
   int64_t ldy = 0;
   float* ws = nullptr;              // [ksplit][M][N] when ksplit > 1
+  // Dense form, pipelined kernel (<= 32 rows): launch with programmatic
+  // dependent launch (cudaLaunchKernelEx + ProgrammaticStreamSerialization). The
+  // kernel may start while the previous kernel in the stream still runs (once
+  // that kernel has executed griddepcontrol.launch_dependents in every block,
+  // else when it finishes): it issues its first weight stages and an L2
+  // prefetch of its weight slice (StreamTuning::pdl_prefetch), then
+  // griddepcontrol.wait, then reads X / x_rows / scales and writes Y / ws. W
+  // must not be written by any kernel still running (weights never are). Inside
+  // stream capture the launch becomes a programmatic edge from a preceding
+  // kernel node (a non-kernel predecessor: an ordinary edge). Ignored (plain
+  // launch) for the grouped form, the register kernel (> 32 rows), Xf, and the
+  // split-K epilogue, which is always a plain launch after the GEMM.
+  int pdl = 0;
 };
 cudaError_t gemm_fp8_stream(const StreamGemmArgs& a, cudaStream_t st);
-// Launch shape of the shared-memory pipelined kernel; 0 (or -1 for l2_prefetch)
-// = chosen from the shape and the GPU. Set by kernel_check to check and time
-// every variant. A shape that does not fit (shared memory, K not a multiple of
-// stage_k, stage_k > 128 with more than 8 rows) or any setting with more than
-// 32 rows per group gives cudaErrorInvalidValue.
+// Launch shape of the shared-memory pipelined kernel; 0 (or -1) = chosen from
+// the shape and the GPU. Set by kernel_check to check and time every variant.
+// A shape that does not fit (shared memory, K not a multiple of stage_k,
+// stage_k > 128 with more than 8 rows per token tile), tile_rows without groups,
+// or any launch setting where the register kernel runs (dense, or whole-group
+// dispatch, with more than 32 rows) gives cudaErrorInvalidValue.
 struct StreamTuning {
   int k_warps = 0;      // warps splitting K inside a block (1, 2, 4, 8)
   int row_tiles = 0;    // 16-row weight tiles per block (row_tiles * k_warps <= 8)
   int stages = 0;       // cp.async pipeline depth per warp (2..16)
   int l2_prefetch = -1; // weight loads' L2 prefetch hint: 0 none, 1 128 B, 2 256 B
   int stage_k = 0;      // K bytes per pipeline stage: 128, 256 or 512
+  int tile_rows = 0;    // grouped: row-tile height 8, 16 or 32 (0: typical_rows_per_group)
+  int legacy = 0;       // grouped: the dispatch before row tiles (a block per whole group,
+                        // token tile from max_rows_per_group, > 32 rows: register kernel)
+  int pdl_prefetch = -1;// pdl: bytes of each weight row (from its K start) prefetched into
+                        // L2 before griddepcontrol.wait; -1: all of it while the weights fill
+                        // at most half of L2, else the leading part that does; 0: none (the
+                        // first pipeline stages are always issued before the wait)
 };
 cudaError_t gemm_fp8_stream_tuned(const StreamGemmArgs& a, const StreamTuning& tune,
                                   cudaStream_t st);

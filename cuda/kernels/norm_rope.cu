@@ -9,6 +9,7 @@ namespace {
 constexpr int kNormThreads = 256;
 
 __global__ void add_rmsnorm_kernel(AddNormArgs a) {
+  pdl_launch_dependents();
   const int i = blockIdx.x;
   const int src = a.row_index ? a.row_index[i] : i;
   __shared__ float scratch[32];
@@ -57,6 +58,7 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 
 template <int NV>
 __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_vec_kernel(AddNormArgs a) {
+  pdl_launch_dependents();
   const int i = blockIdx.x;
   const int src = a.row_index ? a.row_index[i] : i;
   __shared__ float scratch[32];
@@ -157,6 +159,7 @@ constexpr int kRopeMaxWarps = 16;
 constexpr int kRopeMaxHalf = 64;  // rot_dim <= 128
 
 __global__ void qk_rope_kernel(QkRopeArgs a) {
+  pdl_launch_dependents();
   __shared__ float s_cos[kRopeMaxHalf], s_sin[kRopeMaxHalf];
   const int t = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

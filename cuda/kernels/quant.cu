@@ -10,6 +10,7 @@ constexpr int kThreads = 256;
 __global__ void quant_rows_kernel(const float* __restrict__ x, int64_t ldx, int cols,
                                   uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scale,
                                   const int* __restrict__ rows_dev) {
+  pdl_launch_dependents();
   const int r = blockIdx.x;
   if (rows_dev && r >= *rows_dev) return;
   __shared__ float scratch[32];
@@ -36,6 +37,7 @@ __device__ __forceinline__ float silu(float g) { return g / (1.0f + expf(-g)); }
 __global__ void silu_mul_quant_kernel(const float* __restrict__ gu, int inter,
                                       uint8_t* __restrict__ q, float* __restrict__ scale,
                                       const int* __restrict__ rows_dev) {
+  pdl_launch_dependents();
   const int r = blockIdx.x;
   if (rows_dev && r >= *rows_dev) return;
   __shared__ float scratch[32];
@@ -88,6 +90,7 @@ template <int NV>
 __global__ void __launch_bounds__(kThreads) quant_rows_vec_kernel(
     const float* __restrict__ x, int64_t ldx, int cols, uint8_t* __restrict__ q, int64_t ldq,
     float* __restrict__ scale, const int* __restrict__ rows_dev) {
+  pdl_launch_dependents();
   const int r = blockIdx.x;
   if (rows_dev && r >= *rows_dev) return;
   __shared__ float scratch[32];
@@ -118,6 +121,7 @@ template <int NV>
 __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
     const float* __restrict__ gu, int inter, uint8_t* __restrict__ q, float* __restrict__ scale,
     const int* __restrict__ rows_dev) {
+  pdl_launch_dependents();
   const int r = blockIdx.x;
   if (rows_dev && r >= *rows_dev) return;
   __shared__ float scratch[32];

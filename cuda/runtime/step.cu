@@ -370,7 +370,7 @@ constexpr int kStreamMaxRows = 8;
 // P: the rows the launch shape is chosen for (Meta::policy_rows, >= M).
 int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N, int K,
            const uint8_t* X, const float* xs, const float* Xf, int M, int P, float* Y, int layer,
-           const char* what) {
+           const char* what, bool pdl = false) {
   if (Xf) {
     glmk::StreamGemmArgs a;
     a.W = W;
@@ -403,6 +403,10 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
     a.Y = Y;
     a.ldy = N;
     a.ws = r.split_ws;
+    // Programmatic dependent launch: the weights start streaming while the
+    // kernel before (which triggers its dependents early) finishes. Not under
+    // profiling, whose event nodes sit between the kernels.
+    a.pdl = pdl ? 1 : 0;
     KCHECK(glmk::gemm_fp8_stream(a, r.stream), "layer %d %s: gemm_fp8_stream M=%d N=%d K=%d", layer,
            what, M, N, K);
     return GLMRT_OK;
@@ -438,7 +442,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: input add_rmsnorm", l);
   PROF(GLMRT_PROF_NORM);
   GLMRT_TRY(linear(r, L.qkv, L.qkv_scale, L.qkv_bias, d.qkv_rows, d.H, r.xq, r.xs,
-                   e.exact ? r.xf : nullptr, T, m.policy_rows, r.qkv, l, "q|k|v"));
+                   e.exact ? r.xf : nullptr, T, m.policy_rows, r.qkv, l, "q|k|v", !e.prof.on));
   PROF(GLMRT_PROF_QKV);
   glmk::QkRopeArgs q;
   q.qkv = r.qkv;
@@ -514,7 +518,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
            "layer %d: quantize attention output", l);
   PROF(GLMRT_PROF_ATTENTION);
   GLMRT_TRY(linear(r, L.o, L.o_scale, nullptr, d.H, ko, r.xq, r.xs, e.exact ? r.attn : nullptr, T,
-                   m.policy_rows, r.delta, l, "o_proj"));
+                   m.policy_rows, r.delta, l, "o_proj", !e.prof.on));
   PROF(GLMRT_PROF_O_PROJ);
   return GLMRT_OK;
 }
@@ -540,7 +544,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   const float* xf_in = e.exact ? r.xf : nullptr;
   if (!L.moe) {
     GLMRT_TRY(linear(r, L.gu, L.gu_scale, nullptr, 2 * d.I_l, d.H, r.xq, r.xs, xf_in, T,
-                     m.policy_rows, r.big, l, "gate|up"));
+                     m.policy_rows, r.big, l, "gate|up", !e.prof.on));
     PROF(GLMRT_PROF_DENSE_GATE_UP);
     if (e.exact)
       KCHECK(glmk::silu_mul_f32(r.big, T, d.I_l, r.hf, nullptr, r.stream), "layer %d: silu_mul", l);
@@ -549,7 +553,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
              "layer %d: silu_mul_quant", l);
     PROF(GLMRT_PROF_ACTIVATION);
     GLMRT_TRY(linear(r, L.down, L.down_scale, nullptr, d.H, d.I_l, r.hq, r.hs,
-                     e.exact ? r.hf : nullptr, T, m.policy_rows, r.delta, l, "down"));
+                     e.exact ? r.hf : nullptr, T, m.policy_rows, r.delta, l, "down", !e.prof.on));
     PROF(GLMRT_PROF_DENSE_DOWN);
     return GLMRT_OK;
   }
@@ -622,6 +626,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   g.K = d.H;
   g.max_rows_per_group = m.policy_rows;
   g.max_active_groups = std::min(r.groups, m.policy_rows * d.slots);  // a token hits <= slots groups
+  // Rows an expert typically gets (top_k of E, uniform): picks the row tile, so
+  // a few rows per expert stream through the pipelined kernel at any batch.
+  g.typical_rows_per_group = (m.policy_rows * d.K + d.E - 1) / d.E;
   g.Y = r.big;
   g.ldy = 2 * d.MI;
   KCHECK(glmk::gemm_fp8_stream(g, r.stream), "layer %d: expert gate|up", l);
@@ -646,6 +653,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   dn.K = d.MI;
   dn.max_rows_per_group = m.policy_rows;
   dn.max_active_groups = g.max_active_groups;
+  dn.typical_rows_per_group = g.typical_rows_per_group;
   dn.Y = r.ysort;
   dn.ldy = d.H;
   KCHECK(glmk::gemm_fp8_stream(dn, r.stream), "layer %d: expert down", l);

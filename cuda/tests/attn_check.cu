@@ -10,6 +10,12 @@
 // FP8 output bit-identical to a CPU re-quantization of the kernel's own FP32
 // row, two launches bitwise equal, a CUDA graph replayed with other contexts,
 // the workspace shared by every case (zeroed once: counters must be reset).
+// After every case the workspace's counter header is read back: a non-zero
+// word is a FAIL naming the case, and the header is re-zeroed so that one
+// failure cannot cascade into later cases. "shared ws": the runtime's pattern,
+// one workspace (sized for the largest batch, zeroed once) used by batch sizes
+// in turn with the policy's split counts (the shapes, and so the layouts,
+// change from launch to launch).
 // --bench: G=12, 1 KV head, block 16 (GLM-4.7 at TP8) over batch x context,
 // 20 launches per CUDA graph, KV copies rotated so that L2 never holds them;
 // µs per call, KV bytes, TB/s and % of 4.46 TB/s; the old path (attention_paged
@@ -40,6 +46,8 @@ struct DecodeAttnTuning {
 };
 void decode_attention_get_tuning(DecodeAttnTuning* t);
 void decode_attention_set_tuning(const DecodeAttnTuning* t);
+// Bytes at the start of every workspace holding the merge counters (zero between launches).
+size_t decode_attention_counter_bytes();
 }  // namespace glmk
 
 using namespace glmk;
@@ -143,7 +151,8 @@ struct Dev {
 };
 
 // One workspace for every correctness case, zeroed only when (re)allocated:
-// a launch that leaves a counter non-zero breaks a later case.
+// a launch that leaves a counter non-zero would break a later case, so every
+// case checks the counter header after its launches (and re-zeroes it).
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
 static void* workspace(size_t bytes) {
@@ -153,6 +162,20 @@ static void* workspace(size_t bytes) {
   CK(cudaMalloc(&g_ws, g_ws_bytes));
   CK(cudaMemset(g_ws, 0, g_ws_bytes));
   return g_ws;
+}
+
+// Non-zero words in the counter header of a workspace (after a completed
+// launch: all zero); re-zeroes the header when it finds any. Synchronizes.
+static size_t dirty_counters(void* ws, size_t ws_bytes) {
+  if (!ws) return 0;
+  CK(cudaDeviceSynchronize());
+  const size_t words = std::min(decode_attention_counter_bytes(), ws_bytes) / sizeof(int);
+  std::vector<int> h(words);
+  CK(cudaMemcpy(h.data(), ws, words * sizeof(int), cudaMemcpyDeviceToHost));
+  size_t bad = 0;
+  for (int v : h) bad += v != 0;
+  if (bad) CK(cudaMemset(ws, 0, words * sizeof(int)));
+  return bad;
 }
 
 // ------------------------------------------------------------ result table
@@ -186,6 +209,18 @@ static std::string fmt(const char* f, ...) {
   vsnprintf(b, sizeof b, f, ap);
   va_end(ap);
   return b;
+}
+
+// One row per case: the counter words left non-zero after each of its launches.
+static void report_counters(const std::string& what, const std::vector<size_t>& dirty) {
+  std::string list;
+  size_t total = 0;
+  for (size_t d : dirty) {
+    list += (list.empty() ? "" : "/") + std::to_string(d);
+    total += d;
+  }
+  report("  counters reset", fmt("%s: non-zero counter words after each launch: %s", what.c_str(), list.c_str()),
+         (double)total, 0);
 }
 
 // ------------------------------------------------------------ problem
@@ -418,9 +453,11 @@ static void run_case(const CaseCfg& c) {
   void* ws = workspace(decode_attention_workspace_bytes(P.n, P.NH, P.n_kv, splits));
   const std::vector<double> ref = reference(P, 1.0f / std::sqrt(128.0f));
 
+  std::vector<size_t> dirty;
   D.poison();
   CK(attention_decode(D.args(P, splits, c.fp8, true, ws), 0));
   CK(cudaDeviceSynchronize());
+  dirty.push_back(dirty_counters(g_ws, g_ws_bytes));
   const auto out1 = D.out.down();
   const auto oq1 = D.out_q.down();
   const auto os1 = D.out_scale.down();
@@ -430,6 +467,7 @@ static void run_case(const CaseCfg& c) {
   D.poison();
   CK(attention_decode(D.args(P, splits, c.fp8, true, ws), 0));
   CK(cudaDeviceSynchronize());
+  dirty.push_back(dirty_counters(g_ws, g_ws_bytes));
   const auto out2 = D.out.down();
   bool same = same_bits(out1.data(), out2.data(), out1.size() * 4);
   if (c.fp8) {
@@ -442,6 +480,7 @@ static void run_case(const CaseCfg& c) {
     D.poison();
     CK(attention_decode(D.args(P, splits, true, false, ws), 0));
     CK(cudaDeviceSynchronize());
+    dirty.push_back(dirty_counters(g_ws, g_ws_bytes));
     const auto out3 = D.out.down();
     bool ok = same_bits(oq1.data(), D.out_q.down().data(), oq1.size()) &&
               same_bits(os1.data(), D.out_scale.down().data(), os1.size() * 4);
@@ -453,6 +492,7 @@ static void run_case(const CaseCfg& c) {
     }
     report("  fp8 without out", fmt("%s: out elements written %zu", what.c_str(), touched), ok && !touched ? 0 : 1, 0);
   }
+  report_counters(what, dirty);
 }
 
 // Mixed context lengths drawn from `pool`, a few zeros (padding) included.
@@ -520,6 +560,7 @@ static void check_graph() {
   load(A);
   CK(attention_decode(a, s));  // first launch outside the capture (attributes set)
   CK(cudaStreamSynchronize(s));
+  report_counters(fmt("graph first launch: n=%d splits=%d fp8", n, splits), {dirty_counters(g_ws, g_ws_bytes)});
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
@@ -540,11 +581,45 @@ static void check_graph() {
     const auto o = out.down();
     const auto q8 = oq.down();
     const auto sc = osc.down();
-    check_outputs("graph", fmt("%s: n=%d splits=%d fp8", names[step], n, splits), P, ref, o, &q8, &sc);
+    const std::string what = fmt("%s: n=%d splits=%d fp8", names[step], n, splits);
+    check_outputs("graph", what, P, ref, o, &q8, &sc);
+    report_counters(what, {dirty_counters(g_ws, g_ws_bytes)});
   }
   CK(cudaGraphExecDestroy(exec));
   CK(cudaGraphDestroy(graph));
   CK(cudaStreamDestroy(s));
+}
+
+// The runtime's pattern: one workspace sized for the largest batch (the most
+// any batch size's policy split count needs, as cuda/runtime/memory.cu does),
+// zeroed once, then batch sizes in turn, each with its policy split count, so
+// the shape changes between launches. Every (sequence, KV head) has enough
+// keys to split, most enough for the two-level merge.
+static void check_shared_workspace() {
+  const int G = 12, bs = 16, max_n = 128;
+  size_t bytes = 0;
+  for (int n = 1; n <= max_n; ++n)
+    bytes = std::max(bytes, decode_attention_workspace_bytes(n, G, 1, decode_attention_splits(n, 1, g_num_sms)));
+  Dev<uint8_t> ws(std::max<size_t>(bytes, 1));
+  CK(cudaMemset(ws.p, 0, ws.n));
+  for (int n : {1, 16, 4, 24, 2, 40, 8, 13, 64, 1, 10, 128, 3}) {
+    std::vector<int> ctx(n);
+    for (auto& c : ctx) c = randi(200, 4000);
+    ctx[n - 1] = n <= 16 ? 16384 : ctx[n - 1];
+    Problem P = make_problem(ctx, G, 1, bs);
+    const int splits = decode_attention_splits(n, 1, g_num_sms);
+    const std::string what = fmt("n=%d splits=%d fp8 (workspace %zu bytes)", n, splits, ws.n);
+    DevProblem D(P);
+    const auto ref = reference(P, 1.0f / std::sqrt(128.0f));
+    D.poison();
+    CK(attention_decode(D.args(P, splits, true, true, ws.p), 0));
+    CK(cudaDeviceSynchronize());
+    const auto o = D.out.down();
+    const auto q8 = D.out_q.down();
+    const auto sc = D.out_scale.down();
+    check_outputs("shared ws", what, P, ref, o, &q8, &sc);
+    report_counters(what, {dirty_counters(ws.p, ws.n)});
+  }
 }
 
 static void check_invalid() {
@@ -918,6 +993,8 @@ int main(int argc, char** argv) {
     run_case({"G=16, 2 KV heads", mixed(16, all, 1), 16, 2, 32, 0, false});
     run_case({"G=4, block 48", {1000, 47, 48, 49}, 4, 1, 48, 7, true});
     run_case({"G=12, 2 KV heads", mixed(3, all, 0), 24 / 2, 2, 16, 0, false});
+    // More (sequence, KV head) pairs than the counter header holds: runs unsplit.
+    run_case({"1025 seqs (unsplit)", mixed(1025, {1, 17, 100, 300, 1000}, 3), 12, 1, 16, 8, true});
     // Other launch knobs: two-level merge with a one-split group, every stage count.
     DecodeAttnTuning def;
     decode_attention_get_tuning(&def);
@@ -932,6 +1009,7 @@ int main(int argc, char** argv) {
       run_case({w, mixed(5, all, 1), 8, 2, 16, 64, false});
     }
     decode_attention_set_tuning(nullptr);
+    check_shared_workspace();
     check_graph();
     check_invalid();
     CK(cudaDeviceSynchronize());

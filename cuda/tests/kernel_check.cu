@@ -3,7 +3,10 @@
 // each run so an unwritten element fails; prints a table and exits non-zero on
 // any failure. `kernel_check --bench` times the decode FP8 linear and the MoE
 // expert GEMMs on full-size GLM-4.7 shapes and prints achieved GB/s against
-// the 4.46 TB/s HBM read ceiling of an H200.
+// the 4.46 TB/s HBM read ceiling of an H200: the TP1 shapes, one GPU's experts
+// at 8-way expert parallelism (grouped dispatch before / after the row tiles),
+// and the TP8 dense decode shapes after a small kernel in a CUDA graph, with and
+// without programmatic dependent launch.
 //
 //   kernel_check [--seed N] [--bench] [--bench-only] [--sweep] [--profile]
 //
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -91,6 +95,14 @@ static float bf16_val(uint16_t b) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+
+// SplitMix64's finaliser (pkg/sample/rng.go; also the bench's and the PDL
+// check's on-device fills).
+static __host__ __device__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
 static float randn() {
@@ -272,8 +284,21 @@ static double linear_ref(const LinearCase& c, int xrow, int wrow, const uint8_t*
 }
 
 static std::string tuning_str(const StreamTuning& t) {
-  if (t.k_warps == 0 && t.row_tiles == 0 && t.stages == 0 && t.l2_prefetch < 0 && t.stage_k == 0) return "";
-  return fmt(" kw%d rt%d s%d pf%d k%d", t.k_warps, t.row_tiles, t.stages, t.l2_prefetch, t.stage_k);
+  std::string s;
+  if (t.k_warps != 0 || t.row_tiles != 0 || t.stages != 0 || t.l2_prefetch >= 0 || t.stage_k != 0)
+    s = fmt(" kw%d rt%d s%d pf%d k%d", t.k_warps, t.row_tiles, t.stages, t.l2_prefetch, t.stage_k);
+  if (t.tile_rows) s += fmt(" tile%d", t.tile_rows);
+  if (t.legacy) s += " legacy";
+  if (t.pdl_prefetch >= 0) s += fmt(" pdlpf%d", t.pdl_prefetch);
+  return s;
+}
+static StreamTuning legacy_tuning(StreamTuning t = {}) {
+  t.legacy = 1;
+  return t;
+}
+static StreamTuning tile_tuning(int rows, StreamTuning t = {}) {
+  t.tile_rows = rows;
+  return t;
 }
 
 static void check_stream_dense(int M, int N, int K, int ksplit, StreamTuning tune = {}) {
@@ -350,6 +375,301 @@ static void check_stream_grouped(int max_active = 0, StreamTuning tune = {}, int
          fmt("G=5 rows {0,3,%d,1,%d} N=272 K=512 gather act<=%d%s", std::min(17, big), big, max_active,
              tuning_str(tune).c_str()),
          rel_err(out, ref), 1e-5);
+}
+
+// Grouped GEMM with row tiles on groups of many sizes (empty, below, at and
+// above each tile height, several tiles), x_rows a permutation of the
+// activation rows: every run against the float64 reference, and pairs of runs
+// compared bit for bit (the K order of a row must not depend on the tiling, and
+// a group that fits one tile must give what the dispatch before the tiling
+// gave: StreamTuning::legacy).
+struct GroupedRun {
+  int max_rows, max_active, typical;
+  StreamTuning tune;
+};
+struct BitwiseCmp {
+  int a, b;      // run indices
+  int max_cnt;   // compare the rows of groups of at most this many rows (0: all)
+};
+static void check_grouped_tiles(const char* what, const std::vector<int>& counts, int N, int K,
+                                const std::vector<GroupedRun>& runs, const std::vector<BitwiseCmp>& cmps) {
+  const int G = (int)counts.size();
+  std::vector<int> offs(G + 1, 0);
+  int active = 0;
+  for (int g = 0; g < G; ++g) {
+    offs[g + 1] = offs[g] + counts[g];
+    active += counts[g] > 0;
+  }
+  const int rows = offs[G];
+  LinearCase c = make_linear(rows, N, K, rows);
+  std::vector<uint8_t> Wg((size_t)G * N * K);
+  for (auto& b : Wg) b = rand_fp8();
+  std::vector<float> wsg((size_t)G * N), bg((size_t)G * N);
+  for (auto& v : wsg) v = randu(0.5f, 2.f) / 448.f;
+  for (auto& v : bg) v = randn();
+  std::vector<int> xr(rows);
+  std::iota(xr.begin(), xr.end(), 0);
+  std::shuffle(xr.begin(), xr.end(), rng);
+  std::vector<double> ref;
+  ref.reserve((size_t)rows * N);
+  for (int g = 0; g < G; ++g)
+    for (int r = offs[g]; r < offs[g + 1]; ++r)
+      for (int n = 0; n < N; ++n)
+        ref.push_back(linear_ref(c, xr[r], n, Wg.data() + (size_t)g * N * K, wsg.data() + (size_t)g * N,
+                                 bg.data() + (size_t)g * N));
+  Dev<uint8_t> dW(Wg), dX(c.X);
+  Dev<float> dws(wsg), dxs(c.xs), db(bg), dY((size_t)rows * N);
+  Dev<int> doff(offs), dxr(xr);
+  std::vector<std::vector<float>> outs;
+  for (const GroupedRun& run : runs) {
+    dY.poison();
+    StreamGemmArgs a;
+    a.W = dW.p;
+    a.w_scale = dws.p;
+    a.bias = db.p;
+    a.X = dX.p;
+    a.x_scale = dxs.p;
+    a.x_rows = dxr.p;
+    a.group_offsets = doff.p;
+    a.groups = G;
+    a.N = N;
+    a.K = K;
+    a.max_rows_per_group = run.max_rows;
+    a.max_active_groups = run.max_active;
+    a.typical_rows_per_group = run.typical;
+    a.Y = dY.p;
+    a.ldy = N;
+    CK(gemm_fp8_stream_tuned(a, run.tune, 0));
+    outs.push_back(dY.down());
+    std::vector<double> out(outs.back().begin(), outs.back().end());
+    report("gemm_fp8_stream tiles",
+           fmt("%s N=%d K=%d max%d act%d/%d typ%d%s", what, N, K, run.max_rows, run.max_active, active,
+               run.typical, tuning_str(run.tune).c_str()),
+           rel_err(out, ref), 1e-5);
+  }
+  for (const BitwiseCmp& cm : cmps) {
+    int rows_cmp = 0, rows_bad = 0;
+    for (int g = 0; g < G; ++g) {
+      if (cm.max_cnt > 0 && counts[g] > cm.max_cnt) continue;
+      for (int r = offs[g]; r < offs[g + 1]; ++r) {
+        ++rows_cmp;
+        rows_bad += memcmp(&outs[cm.a][(size_t)r * N], &outs[cm.b][(size_t)r * N], N * sizeof(float)) != 0;
+      }
+    }
+    report("gemm_fp8_stream tiles bitwise",
+           fmt("%s run %d vs %d, groups<=%d: %d/%d rows differ", what, cm.a, cm.b, cm.max_cnt, rows_bad,
+               rows_cmp),
+           rows_bad ? 1.0 : 0.0, 0.0);
+  }
+}
+
+static void check_grouped_tiles_all() {
+  // Mixed sizes {0, 1, 7, 8, 9, 17, 31, 33, 64, 100}; 9 non-empty groups.
+  const std::vector<int> mix = {17, 0, 100, 1, 8, 33, 0, 7, 64, 9, 31};
+  const StreamTuning dflt;
+  // K = 512: 4 stages of 128, so the default policy keeps one K-warp and the
+  // register kernel (the previous dispatch above 32 rows) sums K in the same
+  // order: every row must then match it bit for bit.
+  check_grouped_tiles("mix", mix, 272, 512,
+                      {{100, 0, 32, dflt},                                   // 0: 32-row tiles
+                       {100, 9, 3, dflt},                                    // 1: 8-row tiles
+                       {100, 9, 13, dflt},                                   // 2: 16-row tiles
+                       {100, 2, 3, dflt},                                    // 3: bound too low: sweeps
+                       {100, 9, 3, tile_tuning(8, {2, 2, 3, 2, 128})},       // 4
+                       {100, 9, 0, tile_tuning(8, {1, 1, 3, 0, 256})},       // 5
+                       {100, 9, 0, tile_tuning(8, {2, 2, 2, 0, 512})},       // 6
+                       {100, 9, 0, tile_tuning(16, {4, 1, 4, 2, 128})},      // 7
+                       {100, 9, 0, tile_tuning(32, {1, 2, 2, 1, 128})},      // 8
+                       {100, 9, 0, legacy_tuning()},                         // 9: register kernel
+                       {32, 9, 0, legacy_tuning()},                          // 10: legacy 32-row chunks
+                       {8, 9, 0, legacy_tuning()},                           // 11: legacy 8-row chunks
+                       {0, 0, 0, dflt},                                      // 12: no bounds at all
+                       {100, 9, 0, tile_tuning(32, {2, 1, 2, 2, 128})},      // 13
+                       {16, 9, 0, legacy_tuning({2, 1, 3, 0, 128})},         // 14
+                       {100, 9, 40, dflt}},                                  // 15: > 32: whole groups
+                      {{0, 9, 32}, {0, 9, 0}, {1, 11, 8}, {2, 10, 16}, {1, 9, 0}, {4, 13, 0}, {4, 14, 0},
+                       {3, 1, 0}, {12, 0, 0}, {15, 9, 0}});
+  // K = 1536 (12 stages: two K-warps by default), N = 200 (a partial last
+  // weight tile); the previous dispatch with the same K-warps is the legacy
+  // pipelined kernel (bound <= 32, chunk loop over taller groups).
+  check_grouped_tiles("mix2", {100, 33, 0, 0, 1, 64, 9, 17, 31, 8, 7}, 200, 1536,
+                      {{100, 11, 20, dflt},                                  // 0: 32-row tiles
+                       {32, 11, 0, legacy_tuning()},                         // 1
+                       {100, 9, 5, dflt},                                    // 2
+                       {8, 9, 0, legacy_tuning()},                           // 3
+                       {100, 9, 0, tile_tuning(16, {8, 1, 2, 2, 128})}},     // 4
+                      {{0, 1, 0}, {2, 3, 0}});
+  // 300 groups (more than one 256-group pass of the device search), mostly empty.
+  std::vector<int> sparse(300, 0);
+  sparse[3] = 9, sparse[140] = 40, sparse[256] = 1, sparse[257] = 33, sparse[299] = 17;
+  check_grouped_tiles("300 groups", sparse, 48, 256,
+                      {{40, 5, 32, dflt},                                    // 0: 32-row tiles
+                       {40, 5, 1, dflt},                                     // 1
+                       {40, 1, 1, dflt},                                     // 2: sweeps
+                       {40, 5, 0, legacy_tuning()},                          // 3: register kernel
+                       {32, 5, 0, legacy_tuning()},                          // 4
+                       {40, 0, 0, tile_tuning(16)},                          // 5
+                       {40, 5, 0, dflt}},                                    // 6: whole groups
+                      {{0, 3, 0}, {1, 4, 0}, {2, 1, 0}, {5, 0, 0}, {6, 3, 0}});
+}
+
+// ------------------------------------------------------------ PDL
+
+// Stands in for the kernel before a linear in a decode step (norm + quant):
+// writes X [M, K] (FP8 codes from `seed`) and xs [M]. trigger: executes
+// griddepcontrol.launch_dependents first, so a linear launched with PDL may
+// start under it; spin_ns: every block first waits that long, so such a linear
+// is resident and past its weight prologue when X is written (a read of X or xs
+// before its griddepcontrol.wait would see the previous contents).
+static __global__ void write_x_kernel(uint8_t* __restrict__ X, float* __restrict__ xs, int K,
+                                      uint64_t seed, int trigger, long long spin_ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  if (spin_ns > 0) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      __nanosleep(1000);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while ((long long)(t - t0) < spin_ns);
+  }
+  const int r = blockIdx.x;
+  uint32_t* row = reinterpret_cast<uint32_t*>(X + (size_t)r * K);
+  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+    uint32_t v = (uint32_t)mix64(seed + (uint64_t)r * K + 4 * i);
+    // No NaN codes (0x7f / 0xff in any byte).
+    for (int b = 0; b < 4; ++b)
+      if (((v >> (8 * b)) & 0x7f) == 0x7f) v ^= 1u << (8 * b);
+    row[i] = v;
+  }
+  if (threadIdx.x == 0) xs[r] = (1.f + (float)(mix64(seed ^ (0x51ull + r)) & 255) / 256.f) / 448.f;
+}
+
+// Edges of a captured graph that are programmatic (PDL) dependencies.
+static int programmatic_edges(cudaGraph_t graph) {
+  size_t n = 256;  // more than the graphs below have (the call writes the true count)
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> ed(n);
+  CK(cudaGraphGetEdges(graph, from.data(), to.data(), ed.data(), &n));
+  int p = 0;
+  for (size_t i = 0; i < n; ++i) p += ed[i].type == cudaGraphDependencyTypeProgrammatic;
+  return p;
+}
+
+// PDL-launched dense GEMM: bit for bit the plain launch, eagerly on a stream
+// and inside a captured graph, each call right after a kernel that rewrites X
+// and xs (so a read before griddepcontrol.wait would show); the float64
+// reference on the first X.
+static void check_stream_pdl(int M, int N, int K, int ksplit, StreamTuning tune = {}) {
+  const int iters = 4;
+  LinearCase c = make_linear(M, N, K, M);
+  Dev<uint8_t> dW(c.W), dX((size_t)M * K);
+  Dev<float> dws(c.ws), dxs(M), db(c.bias), dwk((size_t)std::max(1, ksplit) * M * N);
+  std::vector<std::unique_ptr<Dev<float>>> ref, out;
+  for (int i = 0; i < iters; ++i) {
+    ref.emplace_back(new Dev<float>((size_t)M * N));
+    out.emplace_back(new Dev<float>((size_t)M * N));
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  StreamGemmArgs a;
+  a.W = dW.p;
+  a.w_scale = dws.p;
+  a.bias = db.p;
+  a.X = dX.p;
+  a.x_scale = dxs.p;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.ksplit = ksplit;
+  a.ldy = N;
+  a.ws = dwk.p;
+  const uint64_t seed0 = rng();
+  auto writer = [&](int i, int trigger, long long spin) {
+    write_x_kernel<<<M, 128, 0, s>>>(dX.p, dxs.p, K, seed0 + 7919 * i, trigger, spin);
+    CK(cudaGetLastError());
+  };
+  // Plain launches, one at a time: the expected outputs.
+  std::vector<uint8_t> x0;
+  std::vector<float> xs0;
+  // (Poison goes through the legacy default stream, which a non-blocking stream
+  // does not wait for: synchronise the device after it.)
+  for (int i = 0; i < iters; ++i) ref[i]->poison();
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < iters; ++i) {
+    writer(i, 0, 0);
+    a.pdl = 0;
+    a.Y = ref[i]->p;
+    CK(gemm_fp8_stream_tuned(a, tune, s));
+    CK(cudaStreamSynchronize(s));
+    if (i == 0) {
+      x0 = dX.down();
+      xs0 = dxs.down();
+    }
+  }
+  // Float64 reference on the first X.
+  LinearCase c0 = c;
+  c0.X = x0;
+  c0.xs = xs0;
+  std::vector<double> r0;
+  for (int r = 0; r < M; ++r)
+    for (int n = 0; n < N; ++n) r0.push_back(linear_ref(c0, r, n, c.W.data(), c.ws.data(), c.bias.data()));
+  auto y0 = ref[0]->down();
+  const double err = rel_err(std::vector<double>(y0.begin(), y0.end()), r0);
+  auto differ = [&]() {
+    size_t bad = 0;
+    for (int i = 0; i < iters; ++i) {
+      auto u = ref[i]->down(), v = out[i]->down();
+      for (size_t j = 0; j < u.size(); ++j) bad += memcmp(&u[j], &v[j], sizeof(float)) != 0;
+    }
+    return bad;
+  };
+  // Eager PDL launches after a writer that triggers at once and then waits.
+  for (int i = 0; i < iters; ++i) out[i]->poison();
+  CK(cudaDeviceSynchronize());
+  a.pdl = 1;
+  for (int i = 0; i < iters; ++i) {
+    writer(i, 1, 20000);
+    a.Y = out[i]->p;
+    CK(gemm_fp8_stream_tuned(a, tune, s));
+  }
+  CK(cudaStreamSynchronize(s));
+  const size_t bad_eager = differ();
+  // The same captured in a graph (writers with and without the early trigger),
+  // replayed twice.
+  size_t bad_graph = 0;
+  int prog_edges = 0;
+  for (int trig = 0; trig < 2; ++trig) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < iters; ++i) {
+      writer(i, trig, 20000);
+      a.Y = out[i]->p;
+      CK(gemm_fp8_stream_tuned(a, tune, s));
+    }
+    CK(cudaStreamEndCapture(s, &graph));
+    prog_edges += programmatic_edges(graph);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      for (int i = 0; i < iters; ++i) out[i]->poison();
+      CK(cudaDeviceSynchronize());
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      bad_graph += differ();
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+  }
+  CK(cudaStreamDestroy(s));
+  // PDL applies to the pipelined kernel (<= 32 rows): one programmatic edge
+  // writer -> GEMM per call and graph; the register kernel is launched plainly.
+  const int want_edges = M <= 32 ? 2 * iters : 0;
+  report("gemm_fp8_stream pdl",
+         fmt("M=%d N=%d K=%d ksplit=%d%s: differ eager %zu graph %zu, prog. edges %d/%d", M, N, K, ksplit,
+             tuning_str(tune).c_str(), bad_eager, bad_graph, prog_edges, want_edges),
+         (bad_eager || bad_graph || prog_edges != want_edges) ? 1.0 : err, 1e-5);
 }
 
 // FP32-activation (exactness-check) path, dense and grouped with gather.
@@ -1027,11 +1347,7 @@ static void check_embed() {
 
 // ------------------------------------------------------------ sampling (port of pkg/sample)
 
-static __host__ __device__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// mix64: SplitMix64's finaliser (defined with the host numerics above).
 static double uniform_ref(uint64_t seed, int64_t idx) {
   const uint64_t g = 0x9E3779B97F4A7C15ull;
   const uint64_t key = mix64(seed + g);
@@ -1486,6 +1802,7 @@ static void bench(const LtGemm& lt, int num_sms, bool sweep) {
       g.K = H;
       g.max_rows_per_group = M;
       g.max_active_groups = std::min(E, M * K);  // as the runtime (tokens x slots)
+      g.typical_rows_per_group = (M * K + E - 1) / E;  // rows per hit expert, as the runtime
       g.Y = Ygu.p;
       g.ldy = 2 * I;
       StreamGemmArgs d = g;
@@ -1535,6 +1852,181 @@ static void bench(const LtGemm& lt, int num_sms, bool sweep) {
       }
     }
   }
+  // MoE of one GPU at 8-way expert parallelism (GLM-4.7 TP8/EP8): 20 local
+  // experts of 160; each token's top-8 is drawn over all 160 and the local ones
+  // kept (~1 hit per token, "top-1"), plus the shared expert as group 20 with
+  // every token (21 groups: how the runtime runs it up to 8 rows) or not (20
+  // groups: beyond 8 rows it is a dense linear). before = the dispatch before the
+  // row tiles (StreamTuning::legacy with max_rows_per_group = T: the register
+  // kernel above 32 rows); after = typical_rows_per_group = ceil(T * 8 / 160)
+  // = ceil(T / 20) as the runtime should pass it (row tiles up to 32 typical
+  // rows; T = 1024, prefill-sized: the whole-group dispatch again); "after, no
+  // typical" = without it (from T); "after, tile R" = the other tile heights. The
+  // expert weights rotate over 3 copies (never in L2); % of 4.46 TB/s on the
+  // bytes of the groups hit.
+  {
+    const int E = 160, TOPK = 8, LOCAL = 20, H = 5120, I = 1536, slots = TOPK + 1, copies = 3;
+    const int GMAX = LOCAL + 1, Tmax = 1024, RMAX = 2 * Tmax + 64;  // rows: local hits (~T) + shared (T)
+    const size_t gu_b = (size_t)2 * I * H, d_b = (size_t)H * I;
+    Dev<uint8_t> Wgu(gu_b * GMAX * copies), Wd(d_b * GMAX * copies), X((size_t)Tmax * H), Hq((size_t)RMAX * I);
+    Dev<float> sgu((size_t)GMAX * copies * 2 * I), sd((size_t)GMAX * copies * H), xs(Tmax), hs(RMAX),
+        Ygu((size_t)RMAX * 2 * I), Yd((size_t)RMAX * H);
+    fill_fp8(Wgu.p, Wgu.n);
+    fill_fp8(Wd.p, Wd.n);
+    fill_fp8(X.p, X.n);
+    fill_fp8(Hq.p, Hq.n);
+    sgu.up(std::vector<float>(sgu.n, 1.f / 448));
+    sd.up(std::vector<float>(sd.n, 1.f / 448));
+    xs.up(std::vector<float>(xs.n, 1.f / 448));
+    hs.up(std::vector<float>(hs.n, 1.f / 448));
+    for (int T : {1, 8, 16, 64, 128, 256, 1024}) {
+      std::vector<std::vector<int>> per(GMAX);
+      for (int t = 0; t < T; ++t) {
+        std::vector<int> e(E);
+        std::iota(e.begin(), e.end(), 0);
+        std::shuffle(e.begin(), e.end(), rng);
+        for (int k = 0; k < TOPK; ++k)
+          if (e[k] < LOCAL) per[e[k]].push_back(t);
+        per[LOCAL].push_back(t);  // the shared expert (used with 21 groups)
+      }
+      for (int G : {GMAX, LOCAL}) {
+        if ((T > 256 && G == GMAX) || (T <= 8 && G == LOCAL)) continue;  // as the runtime groups them
+        std::vector<int> off(G + 1, 0), rowsx;
+        int active = 0, maxc = 0;
+        for (int e = 0; e < G; ++e) {
+          off[e + 1] = off[e] + (int)per[e].size();
+          active += !per[e].empty();
+          maxc = std::max(maxc, (int)per[e].size());
+          for (int t : per[e]) rowsx.push_back(t);
+        }
+        if ((int)rowsx.size() > RMAX) {
+          fprintf(stderr, "bench: %zu routed rows > %d\n", rowsx.size(), RMAX);
+          exit(2);
+        }
+        Dev<int> doff(off), drows(rowsx);
+        StreamGemmArgs g;
+        g.X = X.p;
+        g.x_scale = xs.p;
+        g.x_rows = drows.p;
+        g.group_offsets = doff.p;
+        g.groups = G;
+        g.N = 2 * I;
+        g.K = H;
+        g.max_rows_per_group = T;
+        g.max_active_groups = std::min(G, T * slots);  // as the runtime (rows x slots)
+        g.Y = Ygu.p;
+        g.ldy = 2 * I;
+        StreamGemmArgs d = g;
+        d.X = Hq.p;
+        d.x_scale = hs.p;
+        d.x_rows = nullptr;
+        d.N = H;
+        d.K = I;
+        d.Y = Yd.p;
+        d.ldy = H;
+        const int typical = (T * TOPK + E - 1) / E;
+        struct Variant {
+          std::string name;
+          int typical;
+          StreamTuning tune;
+        };
+        std::vector<Variant> variants = {{"before (legacy)", 0, legacy_tuning()}, {"after", typical, {}}};
+        if (G == LOCAL) {
+          // The tile-height policy (typical_rows_per_group) against the other heights.
+          variants.push_back({"after, no typical", 0, {}});
+          const int auto_tr = typical <= 8 ? 8 : typical <= 16 ? 16 : typical <= 32 ? 32 : 0;
+          for (int tr : {8, 16, 32})
+            if (tr != auto_tr) variants.push_back({fmt("after, tile %d", tr), typical, tile_tuning(tr)});
+        }
+        for (const Variant& v : variants) {
+          g.typical_rows_per_group = d.typical_rows_per_group = v.typical;
+          auto rg = [&](int i, cudaStream_t s) {
+            const int cp = i % copies;
+            g.W = Wgu.p + (size_t)cp * GMAX * gu_b;
+            g.w_scale = sgu.p + (size_t)cp * GMAX * 2 * I;
+            CK(gemm_fp8_stream_tuned(g, v.tune, s));
+          };
+          auto rd = [&](int i, cudaStream_t s) {
+            const int cp = i % copies;
+            d.W = Wd.p + (size_t)cp * GMAX * d_b;
+            d.w_scale = sd.p + (size_t)cp * GMAX * H;
+            CK(gemm_fp8_stream_tuned(d, v.tune, s));
+          };
+          const float mg = time_ms(rg, 20), mgb = time_b2b_ms(rg), mgg = time_graph_ms(rg);
+          const float md = time_ms(rd, 20), mdb = time_b2b_ms(rd), mdg = time_graph_ms(rd);
+          rows.push_back({fmt("rank gate|up %dx[3072,5120] %d hit <=%d %s", G, active, maxc, v.name.c_str()), T,
+                          mg * 1e3, active * gu_b / (mg * 1e-3) / 1e9, mgb * 1e3, mgg * 1e3});
+          rows.push_back({fmt("rank down %dx[5120,1536] %d hit <=%d %s", G, active, maxc, v.name.c_str()), T,
+                          md * 1e3, active * d_b / (md * 1e-3) / 1e9, mdb * 1e3, mdg * 1e3});
+        }
+      }
+    }
+  }
+  // Dense decode linears of one GPU at TP8 with programmatic dependent launch.
+  // Each call sits in a CUDA graph right after a small kernel that writes its X
+  // (20 pairs per graph; us per pair): plain launches; PDL with a writer that
+  // does not trigger (the linear may start only as the writer ends); PDL with a
+  // writer that triggers at its start (the weight prologue and L2 prefetch
+  // overlap the writer); the same without the L2 prefetch (the pipeline stages
+  // only). "writer" = a graph of the writers alone. Weights rotate over copies
+  // (>= 160 MB in all, never in L2).
+  struct PdlRow {
+    std::string what;
+    int m;
+    double writer, plain, pdl_late, pdl, pdl_nopf;
+    size_t bytes;
+  };
+  std::vector<PdlRow> pdl_rows;
+  {
+    struct DShape {
+      const char* name;
+      int N, K;
+    } dshapes[] = {{"qkv [1792,5120]", 1792, 5120},
+                   {"o_proj [5120,1536]", 5120, 1536},
+                   {"shared gate|up [3072,5120]", 3072, 5120},
+                   {"shared down [5120,1536]", 5120, 1536}};
+    for (const DShape& sh : dshapes) {
+      const size_t wbytes = (size_t)sh.N * sh.K;
+      const int dcopies = (int)std::max<size_t>(6, (160u << 20) / wbytes + 1);
+      Dev<uint8_t> W(wbytes * dcopies), X((size_t)8 * sh.K);
+      Dev<float> ws((size_t)sh.N * dcopies), xs(8), Y((size_t)8 * sh.N), wk((size_t)16 * 8 * sh.N);
+      fill_fp8(W.p, W.n);
+      ws.up(std::vector<float>(ws.n, 1.f / 448));
+      for (int M : {1, 4, 8}) {
+        StreamGemmArgs a;
+        a.X = X.p;
+        a.x_scale = xs.p;
+        a.M = M;
+        a.N = sh.N;
+        a.K = sh.K;
+        a.ksplit = gemm_fp8_stream_splits(M, sh.N, sh.K, num_sms);
+        a.Y = Y.p;
+        a.ldy = sh.N;
+        a.ws = wk.p;
+        auto pair = [&](int pdl, int trigger, int pdl_prefetch) {
+          return [&, pdl, trigger, pdl_prefetch](int i, cudaStream_t s) {
+            write_x_kernel<<<M, 128, 0, s>>>(X.p, xs.p, sh.K, 1000 + i, trigger, 0);
+            CK(cudaGetLastError());
+            if (pdl < 0) return;  // the writer alone
+            StreamTuning tu;
+            tu.pdl_prefetch = pdl_prefetch;
+            a.W = W.p + (size_t)(i % dcopies) * wbytes;
+            a.w_scale = ws.p + (size_t)(i % dcopies) * sh.N;
+            a.pdl = pdl;
+            CK(gemm_fp8_stream_tuned(a, tu, s));
+          };
+        };
+        PdlRow r{fmt("%s ksplit %d", sh.name, a.ksplit), M};
+        r.writer = time_graph_ms(pair(-1, 0, -1)) * 1e3;
+        r.plain = time_graph_ms(pair(0, 0, -1)) * 1e3;
+        r.pdl_late = time_graph_ms(pair(1, 0, -1)) * 1e3;
+        r.pdl = time_graph_ms(pair(1, 1, -1)) * 1e3;
+        r.pdl_nopf = time_graph_ms(pair(1, 1, 0)) * 1e3;
+        r.bytes = wbytes;
+        pdl_rows.push_back(r);
+      }
+    }
+  }
   // "1 call": one call between events, synchronised (host launch latency
   // included, as in the first figures); "b2b": 20 calls queued on a stream;
   // "graph": 20 calls in a CUDA graph. Per call; % = bytes / time / 4.46 TB/s.
@@ -1545,6 +2037,18 @@ static void bench(const LtGemm& lt, int num_sms, bool sweep) {
     printf("%-58s %4d %9.1f %9.0f %6.1f%% %8.1f %6.1f%% %8.1f %6.1f%%\n", r.what.c_str(), r.m, r.us, r.gbs,
            100.0 * r.gbs / ceiling, r.us_b2b, 100.0 * bytes / (r.us_b2b * 1e3) / ceiling, r.us_graph,
            100.0 * bytes / (r.us_graph * 1e3) / ceiling);
+  }
+  // PDL table: us per (writer, linear) pair in a CUDA graph; "linear %" = the
+  // weight bytes / (pair - writer alone) / 4.46 TB/s (an upper estimate of the
+  // linear's own rate once it overlaps the writer).
+  printf("\n%-40s %4s %8s %8s %9s %8s %9s %7s %8s %8s\n", "dense linear after a writer (graph)", "M", "writer",
+         "plain", "pdl-late", "pdl", "pdl-nopf", "gain", "plain %", "pdl %");
+  for (auto& r : pdl_rows) {
+    auto pct = [&](double pair) {
+      return pair > r.writer ? 100.0 * r.bytes / ((pair - r.writer) * 1e-6) / 1e9 / ceiling : 0.0;
+    };
+    printf("%-40s %4d %8.1f %8.1f %9.1f %8.1f %9.1f %7.1f %7.1f%% %7.1f%%\n", r.what.c_str(), r.m, r.writer,
+           r.plain, r.pdl_late, r.pdl, r.pdl_nopf, r.plain - r.pdl, pct(r.plain), pct(r.pdl));
   }
 }
 
@@ -1671,11 +2175,26 @@ int main(int argc, char** argv) {
     check_stream_dense(32, 1000, 1536, 1, {2, 1, 2, 2, 128});
     check_stream_dense(2, 2048, 5120, 4, {2, 2, 6, 2, 256});
     check_stream_dense(40, 1000, 1536, 2);  // register-pipelined kernel, split over blocks
-    check_stream_grouped(4);                // register-pipelined kernel, compacted grid
+    check_stream_grouped(4);                // row tiles, compacted grid
     check_stream_grouped(5, {2, 2, 2, 2, 128}, 30);
     check_stream_grouped(4, {1, 1, 8, 1, 128}, 8);
     check_stream_grouped(0, {}, 8);
     check_stream_grouped(4, {4, 1, 3, 2, 512}, 5);
+    // The dispatch before the row tiles: register kernel (compacted and full
+    // grid), pipelined kernel over whole groups.
+    check_stream_grouped(4, legacy_tuning());
+    check_stream_grouped(0, legacy_tuning());
+    check_stream_grouped(5, legacy_tuning({2, 2, 2, 2, 128}), 30);
+    check_grouped_tiles_all();
+    // Programmatic dependent launch of the dense pipelined kernel (the last
+    // two: split-K + plain epilogue, and the register kernel, launched plainly).
+    check_stream_pdl(1, 1000, 1536, 1);
+    check_stream_pdl(8, 1792, 5120, 1);
+    check_stream_pdl(5, 1000, 2560, 1, [] { StreamTuning t{3, 1, 5, 2, 256}; t.pdl_prefetch = 0; return t; }());
+    check_stream_pdl(16, 520, 1536, 1, [] { StreamTuning t{2, 2, 3, 2, 128}; t.pdl_prefetch = 640; return t; }());
+    check_stream_pdl(32, 1000, 1536, 1);
+    check_stream_pdl(7, 2048, 5120, 4);
+    check_stream_pdl(40, 1000, 1536, 2);
     check_f32act();
     check_lt(lt, 200, 1024, 1536);
     check_lt(lt, 65, 272, 256);
