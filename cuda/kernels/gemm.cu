@@ -960,6 +960,67 @@ done:
   return err;
 }
 
+std::string lt_gemm_fp8_scaled(const LtGemm& lt, const uint8_t* W, const uint8_t* X, float* Y,
+                               int M, int N, int K, const float* x_scale, const float* w_scale,
+                               const float* bias, bool* unsupported, cudaStream_t st) {
+  // As lt_gemm_fp8: D^T[N, M] = W (A, op T, K x N) * X^T (B, K x M). cuBLASLt's
+  // m is N (weight rows: the A scale vector, w_scale) and its n is M (tokens:
+  // the B scale vector, x_scale); the bias runs along m.
+  *unsupported = false;
+  std::string err;
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  cublasLtMatmulHeuristicResult_t heur{};
+  int found = 0;
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  const cudaDataType_t bias_type = CUDA_R_32F;
+  size_t wsb = lt.workspace_bytes;
+  cublasStatus_t s;
+  LT_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  // An older cuBLASLt refuses the attribute itself: that is "unsupported" too.
+  s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec);
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    *unsupported = true;
+    goto done;
+  }
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &w_scale, sizeof w_scale));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &x_scale, sizeof x_scale));
+  LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+  if (bias) {
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                            sizeof bias_type));
+  }
+  LT_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K));
+  LT_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &wsb, sizeof wsb));
+  s = cublasLtMatmulAlgoGetHeuristic(lt.handle, op, la, lb, lc, lc, pref, 1, &heur, &found);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
+    *unsupported = true;
+    goto done;
+  }
+  LT_CHECK(cublasLtMatmul(lt.handle, op, &alpha, W, la, X, lb, &beta, Y, lc, Y, lc, &heur.algo,
+                          lt.workspace, lt.workspace_bytes, st));
+done:
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (lc) cublasLtMatrixLayoutDestroy(lc);
+  if (lb) cublasLtMatrixLayoutDestroy(lb);
+  if (la) cublasLtMatrixLayoutDestroy(la);
+  if (op) cublasLtMatmulDescDestroy(op);
+  return err;
+}
+
 namespace {
 // cublasSetStream also resets the handle's workspace to cuBLAS's own pool, so
 // it is called only when the stream changes: a workspace set with

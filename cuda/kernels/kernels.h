@@ -287,6 +287,14 @@ struct LtGemm {
 // Returns "" on success, otherwise a description naming the failed call.
 std::string lt_gemm_fp8(const LtGemm& lt, const uint8_t* W, const uint8_t* X, float* D, int M,
                         int N, int K, cudaStream_t st);
+// The same with the scales (and bias) applied inside cuBLASLt, so no epilogue
+// kernel follows: Y[r, n] = (sum_k X[r,k] W[n,k]) * x_scale[r] * w_scale[n] + bias[n]
+// (per-row / per-column "outer vector" FP32 scales, bias as the epilogue;
+// bias may be null). Sets *unsupported (and returns "") when this cuBLASLt
+// or GPU has no such algorithm: the caller then uses lt_gemm_fp8 + epilogue.
+std::string lt_gemm_fp8_scaled(const LtGemm& lt, const uint8_t* W, const uint8_t* X, float* Y,
+                               int M, int N, int K, const float* x_scale, const float* w_scale,
+                               const float* bias, bool* unsupported, cudaStream_t st);
 
 // BF16 x BF16 -> FP32 (cuBLAS, FP32 accumulate): C[M,N] = A[M,K] * B[N,K]^T
 // (lm_head: A = normalised hidden rows, B = lm_head weight).

@@ -78,6 +78,7 @@ struct Rank {
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   glmk::LtGemm lt;
+  int lt_scaled = -1;  // cuBLASLt applies the FP8 scales itself: -1 not yet known, 0 no, 1 yes
   std::vector<void*> allocations;
   int64_t weight_bytes = 0, kv_bytes = 0, workspace_bytes = 0;
 

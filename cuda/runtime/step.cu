@@ -411,6 +411,24 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
            what, M, N, K);
     return GLMRT_OK;
   }
+  // cuBLASLt with the per-token and per-channel scales applied inside: no
+  // second kernel. cuBLASLt 13.0 on an H200 has such FP8 algorithms without a
+  // bias epilogue but none with one (kernel_check, 2026-11-24), so linears with
+  // a bias (q|k|v) keep the plain GEMM + gemm_fp8_epilogue, as does a cuBLASLt
+  // without any.
+  if (r.lt_scaled != 0 && !bias) {
+    bool unsupported = false;
+    std::string err = glmk::lt_gemm_fp8_scaled(r.lt, W, X, Y, M, N, K, xs, ws, bias, &unsupported,
+                                               r.stream);
+    if (!err.empty())
+      return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d %s (M=%d N=%d K=%d): %s", r.device, layer, what,
+                  M, N, K, err.c_str());
+    if (!unsupported) {
+      r.lt_scaled = 1;
+      return GLMRT_OK;
+    }
+    if (r.lt_scaled == -1) r.lt_scaled = 0;  // none at all: stop asking
+  }
   std::string err = glmk::lt_gemm_fp8(r.lt, W, X, Y, M, N, K, r.stream);
   if (!err.empty())
     return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d %s (M=%d N=%d K=%d): %s", r.device, layer, what, M,
@@ -626,9 +644,13 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   g.K = d.H;
   g.max_rows_per_group = m.policy_rows;
   g.max_active_groups = std::min(r.groups, m.policy_rows * d.slots);  // a token hits <= slots groups
-  // Rows an expert typically gets (top_k of E, uniform): picks the row tile, so
-  // a few rows per expert stream through the pipelined kernel at any batch.
-  g.typical_rows_per_group = (m.policy_rows * d.K + d.E - 1) / d.E;
+  // Rows an expert typically gets (top_k of E, uniform) pick the row tile, so a
+  // few rows per expert stream through the pipelined kernel at any batch. Past
+  // 8 rows per step the 16-row tile is the floor: on an H200 (kernel_check
+  // --bench, rank shapes, 2026-11-24) 8-row tiles ran gate|up at batch 64 in
+  // 114 us against 94 for 16-row ones, and the legacy register kernel in 99.
+  const int typical = (m.policy_rows * d.K + d.E - 1) / d.E;
+  g.typical_rows_per_group = m.policy_rows > kStreamMaxRows ? std::max(typical, 9) : typical;
   g.Y = r.big;
   g.ldy = 2 * d.MI;
   KCHECK(glmk::gemm_fp8_stream(g, r.stream), "layer %d: expert gate|up", l);

@@ -759,6 +759,25 @@ static void check_lt(const LtGemm& lt, int M, int N, int K) {
   // Hopper FP8 tensor cores accumulate with reduced precision inside cuBLASLt's
   // k-blocks (measured 1.7e-4 - 2.1e-4 on H200), hence not 1e-5.
   report("lt_gemm_fp8 + epilogue", fmt("M=%d N=%d K=%d", M, N, K), rel_err(out, ref), 1e-3);
+  // Scales (and bias) inside cuBLASLt: the same function.
+  for (int with_bias = 0; with_bias < 2; ++with_bias) {
+    Dev<float> dS((size_t)M * N);
+    dS.poison();
+    bool unsupported = false;
+    CKS(lt_gemm_fp8_scaled(lt, dW.p, dX.p, dS.p, M, N, K, dxs.p, dws.p, with_bias ? db.p : nullptr,
+                           &unsupported, 0));
+    if (unsupported) {
+      printf("lt_gemm_fp8_scaled: no outer-vector-scaled FP8 algorithm here (the runtime uses the epilogue)\n");
+      return;
+    }
+    auto ys = dS.down();
+    std::vector<double> os(ys.begin(), ys.end()), refs;
+    for (int r = 0; r < M; ++r)
+      for (int n = 0; n < N; ++n)
+        refs.push_back(linear_ref(c, r, n, c.W.data(), c.ws.data(), with_bias ? c.bias.data() : nullptr));
+    report("lt_gemm_fp8_scaled", fmt("M=%d N=%d K=%d%s", M, N, K, with_bias ? " +bias" : ""),
+           rel_err(os, refs), 1e-3);
+  }
 }
 
 static void check_cublas(cublasHandle_t h) {
