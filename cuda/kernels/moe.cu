@@ -250,51 +250,49 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(
   pdl_launch_dependents();
   const int t = blockIdx.x;
   const int n4 = H / 4;
-  // Few rows: a row spread over gridDim.y CTAs (one float4 each); many rows:
-  // one CTA per row loops over it (cheaper than thousands of tiny CTAs).
-  for (int c = blockIdx.y * kCombineThreads + threadIdx.x; c < n4; c += gridDim.y * kCombineThreads) {
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (slots <= kCombineMaxSlots) {
-      int p[kCombineMaxSlots];
-      float wj[kCombineMaxSlots];
-      float4 v[kCombineMaxSlots];
+  const int c = blockIdx.y * kCombineThreads + threadIdx.x;
+  if (c >= n4) return;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (slots <= kCombineMaxSlots) {
+    int p[kCombineMaxSlots];
+    float wj[kCombineMaxSlots];
+    float4 v[kCombineMaxSlots];
 #pragma unroll
-      for (int j = 0; j < kCombineMaxSlots; ++j) {
-        p[j] = j < slots ? __ldg(inv + (int64_t)t * slots + j) : -1;
-        wj[j] = j < slots ? __ldg(w + (int64_t)t * slots + j) : 0.f;
-      }
-#pragma unroll
-      for (int j = 0; j < kCombineMaxSlots; ++j)
-        if (p[j] >= 0) v[j] = __ldg(reinterpret_cast<const float4*>(y + (int64_t)p[j] * H) + c);
-#pragma unroll
-      for (int j = 0; j < kCombineMaxSlots; ++j) {
-        if (p[j] < 0) continue;
-        acc.x += wj[j] * v[j].x;
-        acc.y += wj[j] * v[j].y;
-        acc.z += wj[j] * v[j].z;
-        acc.w += wj[j] * v[j].w;
-      }
-    } else {
-      for (int j = 0; j < slots; ++j) {
-        const int p = inv[(int64_t)t * slots + j];
-        if (p < 0) continue;
-        const float wj = w[(int64_t)t * slots + j];
-        const float4 v = reinterpret_cast<const float4*>(y + (int64_t)p * H)[c];
-        acc.x += wj * v.x;
-        acc.y += wj * v.y;
-        acc.z += wj * v.z;
-        acc.w += wj * v.w;
-      }
+    for (int j = 0; j < kCombineMaxSlots; ++j) {
+      p[j] = j < slots ? __ldg(inv + (int64_t)t * slots + j) : -1;
+      wj[j] = j < slots ? __ldg(w + (int64_t)t * slots + j) : 0.f;
     }
-    if (add) {  // the shared expert's output, computed apart, last (where its slot would be)
-      const float4 v = __ldg(reinterpret_cast<const float4*>(add + (int64_t)t * H) + c);
-      acc.x += v.x;
-      acc.y += v.y;
-      acc.z += v.z;
-      acc.w += v.w;
+#pragma unroll
+    for (int j = 0; j < kCombineMaxSlots; ++j)
+      if (p[j] >= 0) v[j] = __ldg(reinterpret_cast<const float4*>(y + (int64_t)p[j] * H) + c);
+#pragma unroll
+    for (int j = 0; j < kCombineMaxSlots; ++j) {
+      if (p[j] < 0) continue;
+      acc.x += wj[j] * v[j].x;
+      acc.y += wj[j] * v[j].y;
+      acc.z += wj[j] * v[j].z;
+      acc.w += wj[j] * v[j].w;
     }
-    reinterpret_cast<float4*>(delta + (int64_t)t * H)[c] = acc;
+  } else {
+    for (int j = 0; j < slots; ++j) {
+      const int p = inv[(int64_t)t * slots + j];
+      if (p < 0) continue;
+      const float wj = w[(int64_t)t * slots + j];
+      const float4 v = reinterpret_cast<const float4*>(y + (int64_t)p * H)[c];
+      acc.x += wj * v.x;
+      acc.y += wj * v.y;
+      acc.z += wj * v.z;
+      acc.w += wj * v.w;
+    }
   }
+  if (add) {  // the shared expert's output, computed apart, last (where its slot would be)
+    const float4 v = __ldg(reinterpret_cast<const float4*>(add + (int64_t)t * H) + c);
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+  reinterpret_cast<float4*>(delta + (int64_t)t * H)[c] = acc;
 }
 
 // ------------------------------------------------------------ fused router
@@ -661,7 +659,8 @@ cudaError_t moe_combine(const float* y, const int* inv, const float* w, int T, i
   if (H % 4 != 0) return cudaErrorInvalidValue;
   // One float4 of a row per thread, the row spread over CTAs. (One looping CTA
   // per row of 128 threads was tried for T >= 128: in the decode step on an
-  // H200 it doubled the combine's time at T=256, 28 vs 14 us per layer.)
+  // H200 it doubled the combine's time at T=256, 28 vs 14 us per layer; so did
+  // a loop over the row inside this kernel, 23 us.)
   const dim3 grid(T, (H / 4 + kCombineThreads - 1) / kCombineThreads);
   combine_kernel<<<grid, kCombineThreads, 0, st>>>(y, inv, w, slots, H, add, delta);
   return cudaGetLastError();
