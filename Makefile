@@ -20,7 +20,7 @@ export CGO_ENABLED := 1
 -include mk/cuda.mk
 TOKENIZERS_DEPS := $(if $(wildcard mk/tokenizers.mk),tokenizers-lib)
 
-.PHONY: all build test lint run gpu-tests gpu-check clean
+.PHONY: all build test lint run gpu-tests gpu-check gpu-perf clean
 
 all: build
 
@@ -48,6 +48,11 @@ gpu-tests: build
 # On the GPU machine, with bin/ carried there.
 gpu-check:
 	scripts/gpu-check.sh
+
+# On the GPU machine, with bin/ and .carry/cuda (cuda/build.sh --check --tests -o .carry/cuda)
+# carried there: kernel checks, attention vs SDPA, the decode grid and profile (docs/perf.md).
+gpu-perf:
+	scripts/gpu-perf.sh
 
 clean:
 	rm -rf bin

@@ -85,24 +85,7 @@ func commandLine(cmd *cobra.Command) string {
 }
 
 // parseConcurrency reads "1,4,16".
-func parseConcurrency(s string) ([]int, error) {
-	var out []int
-	for i, part := range strings.Split(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
-		n, err := strconv.Atoi(part)
-		if err != nil || n < 1 {
-			return nil, fmt.Errorf("--concurrency: entry %d (%q) is not a positive integer", i, part)
-		}
-		out = append(out, n)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("--concurrency: no values given")
-	}
-	return out, nil
-}
+func parseConcurrency(s string) ([]int, error) { return parseInts("concurrency", s) }
 
 func kvElemBytes(dtype string) (int, error) {
 	switch strings.ToLower(dtype) {

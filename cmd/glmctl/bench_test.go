@@ -94,3 +94,39 @@ func TestBenchBadInput(t *testing.T) {
 		})
 	}
 }
+
+// The decode-step grid through the CLI on the CPU backend: JSON cells with
+// floors, and the errors of its flags (named, exit 1, before any weight loads).
+func TestBenchStepGrid(t *testing.T) {
+	out, errOut, code := benchCLI(t, "--batches", "1,2", "--contexts", "8,40", "--steps", "2", "--warmup-steps", "1", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep bench.StepReport
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("bad JSON %q: %v", out, err)
+	}
+	if len(rep.Cells) != 4 || rep.Grid.Steps != 2 || rep.Header.Floor == nil {
+		t.Fatalf("report %+v", rep)
+	}
+	for _, c := range rep.Cells {
+		if c.Skipped != "" || !(c.StepMs.P50 > 0) || c.Floor == nil || !(c.OfFloor > 0) {
+			t.Errorf("cell %+v", c)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--batches", "1,x"}, `--batches: entry 1 ("x") is not a positive integer`},
+		{[]string{"--batches", "1", "--contexts", "0"}, `--contexts: entry 0 ("0") is not a positive integer`},
+		{[]string{"--batches", "1", "--steps", "0"}, "--steps: 0 must be >= 1"},
+		{[]string{"--batches", "1", "--profile"}, "--profile: the cpu backend cannot profile"},
+		{[]string{"--concurrency", "2", "--profile"}, "--profile: the cpu backend cannot profile"},
+	} {
+		_, errOut, code := benchCLI(t, tc.args...)
+		if code != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}

@@ -136,26 +136,22 @@ func (r *Report) WriteText(w io.Writer) error {
 // table, ready to paste into docs/perf.md.
 func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
-	for _, l := range r.HeaderLines() {
+	writeMDHeader(&b, r.HeaderLines())
+	writeMDTable(&b, r.Columns(), r.TableRows())
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// writeMDHeader prints header lines as a markdown list, the command line as code.
+func writeMDHeader(b *strings.Builder, lines [][2]string) {
+	for _, l := range lines {
 		v := l[1]
 		if l[0] == "command" {
 			v = "`" + strings.ReplaceAll(v, "`", "'") + "`"
 		}
-		fmt.Fprintf(&b, "- %s: %s\n", l[0], mdEscape(v))
+		fmt.Fprintf(b, "- %s: %s\n", l[0], mdEscape(v))
 	}
 	b.WriteString("\n")
-	cols := r.Columns()
-	writeMDRow(&b, cols)
-	sep := make([]string, len(cols))
-	for i := range sep {
-		sep[i] = "---:"
-	}
-	writeMDRow(&b, sep)
-	for _, row := range r.TableRows() {
-		writeMDRow(&b, row)
-	}
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
 func writeMDRow(b *strings.Builder, cells []string) {

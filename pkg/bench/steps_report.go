@@ -71,14 +71,7 @@ func (r *StepReport) WriteText(w io.Writer) error {
 // and each profiled cell's families, ready for docs/perf.md.
 func (r *StepReport) WriteMarkdown(w io.Writer, bandwidth float64) error {
 	var b strings.Builder
-	for _, l := range r.HeaderLines() {
-		v := l[1]
-		if l[0] == "command" {
-			v = "`" + strings.ReplaceAll(v, "`", "'") + "`"
-		}
-		fmt.Fprintf(&b, "- %s: %s\n", l[0], mdEscape(v))
-	}
-	b.WriteString("\n")
+	writeMDHeader(&b, r.HeaderLines())
 	writeMDTable(&b, r.Columns(), r.Rows())
 	for _, c := range r.Cells {
 		if c.Profile == nil {

@@ -131,25 +131,16 @@ func Open(dir string, o Options) (*Backend, error) {
 // hands every tensor over, finalizes and reads back what the runtime became.
 // ctx cancels between tensors.
 func OpenContext(ctx context.Context, dir string, o Options) (*Backend, error) {
-	path, err := LibraryPath(o)
+	b, path, copts, err := openRuntime(o)
 	if err != nil {
 		return nil, err
 	}
-	copts, err := engineOptions(o)
-	if err != nil {
-		return nil, err
-	}
-	b := &Backend{thread: newOSThread()}
 	ok := false
 	defer func() {
 		if !ok {
 			b.release()
 		}
 	}()
-	b.thread.run(func() { b.lib, err = openLibrary(path) })
-	if err != nil {
-		return nil, err
-	}
 	cfg, err := model.LoadConfig(dir)
 	if err != nil {
 		return nil, err

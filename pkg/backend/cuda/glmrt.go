@@ -307,3 +307,24 @@ func (e *rtEngine) destroy() {
 		e.h = nil
 	}
 }
+
+// openRuntime resolves and loads the library (checking its ABI) and the engine
+// options, on a new backend thread: what every way of opening shares. On
+// error nothing is left running.
+func openRuntime(o Options) (*Backend, string, C.glmrt_engine_options, error) {
+	var copts C.glmrt_engine_options
+	path, err := LibraryPath(o)
+	if err != nil {
+		return nil, "", copts, err
+	}
+	if copts, err = engineOptions(o); err != nil {
+		return nil, "", copts, err
+	}
+	b := &Backend{thread: newOSThread()}
+	b.thread.run(func() { b.lib, err = openLibrary(path) })
+	if err != nil {
+		b.release()
+		return nil, "", copts, err
+	}
+	return b, path, copts, nil
+}

@@ -22,25 +22,16 @@ func OpenSynthetic(ctx context.Context, spec synth.Spec, o Options) (*Backend, e
 	if err := checkConfigRange(cfg); err != nil {
 		return nil, err
 	}
-	path, err := LibraryPath(o)
+	b, path, copts, err := openRuntime(o)
 	if err != nil {
 		return nil, err
 	}
-	copts, err := engineOptions(o)
-	if err != nil {
-		return nil, err
-	}
-	b := &Backend{thread: newOSThread()}
 	ok := false
 	defer func() {
 		if !ok {
 			b.release()
 		}
 	}()
-	b.thread.run(func() { b.lib, err = openLibrary(path) })
-	if err != nil {
-		return nil, err
-	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
