@@ -19,6 +19,12 @@
 #
 #   scripts/gpu-perf.sh [stage ...]     (default: all stages)
 #
+# With the device tool the working tree plus carried paths must stay under 64 MiB:
+# bin/glmctl alone is ~29 MB, so pack what is carried, e.g.
+#   tar cf - bin/glmctl bin/cuda.test .carry/cuda | xz -T2 > .bundle/bundle.tar.xz
+# (.bundle/ in .git/info/exclude), carry .bundle and start the command with
+# `tar xJf .bundle/bundle.tar.xz && scripts/gpu-perf.sh ...`.
+#
 # Logs go to a temporary directory tarred into $OUT/gpu-perf-logs.tgz; the
 # tables are also copied to $OUT; a short summary is printed last.
 set -uo pipefail

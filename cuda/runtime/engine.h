@@ -210,6 +210,22 @@ struct Engine {
 
 // weights.cu
 int build_expected_names(Engine& e);
+// Where a checkpoint tensor lives on the GPUs: the one mapping that load_tensor
+// (uploads) and synthesize (generates in place) both follow.
+enum DevElem : int { kElemU8 = 0, kElemF32 = 1, kElemBF16 = 2 };  // element type on the device
+// The part of one checkpoint tensor that one rank holds: n elements of type
+// elem at dst, element t being element src_off + (t / w) * src_ld + t % w of
+// the tensor (row-major): w == n for a contiguous run from src_off, w < n for
+// columns [src_off, src_off + w) of each of n / w rows of src_ld columns.
+struct Placement {
+  void* dst;
+  int elem;  // DevElem
+  int64_t n, w, src_ld, src_off;
+};
+// The part of piece pc (checkpoint name `name`) on e.ranks[rank]: sets held
+// (false where that rank holds none of it: a routed expert of another rank,
+// an MTP tensor) and, if held, p. Fails only on an inconsistent engine.
+int place_piece(const Engine& e, const Piece& pc, const char* name, int rank, Placement& p, bool& held);
 int load_tensor(Engine& e, const char* name, int32_t dtype, const int64_t* shape, int32_t ndim,
                 const void* data, uint64_t nbytes);
 int check_complete(Engine& e);

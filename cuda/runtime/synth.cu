@@ -1,11 +1,11 @@
 // synth.cu — synthetic weights generated on the GPU(s) (glmrt_synthesize,
 // docs/synthetic.md): every tensor the forward needs, filled with exactly the
 // values pkg/synth (Go) writes for the same config and seed, straight into the
-// runtime's fused / sharded device layouts (those of load_tensor in
-// weights.cu: q|k|v and gate|up fusion, o_proj / dense down column slices and
-// lm_head row slices for tensor parallelism, experts in their owners' groups,
-// BF16 -> FP32 for norms, biases and the router). No weight byte crosses the
-// host link.
+// runtime's fused / sharded device layouts (place_piece in weights.cu, which
+// load_tensor follows too: q|k|v and gate|up fusion, o_proj / dense down
+// column slices and lm_head row slices for tensor parallelism, experts in
+// their owners' groups, BF16 -> FP32 for norms, biases and the router). No
+// weight byte crosses the host link.
 //
 // The seed is the effective seed (pkg/synth Spec.EffectiveSeed: the Go side
 // has already combined the user's seed with the rank); it is used as is.
@@ -33,8 +33,6 @@ constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ull;
 
 // Generator kinds, numbered as pkg/synth.Kind.
 enum GenKind : int { kGenFp8 = 0, kGenScale = 1, kGenGaussBF16 = 2, kGenGaussF32 = 3, kGenNorm = 4 };
-// How a value is stored in its device buffer.
-enum Store : int { kStoreU8 = 0, kStoreF32 = 1, kStoreBF16 = 2 };
 
 // e4m3Normal of pkg/synth/gen.go: F8_E4M3 codes of 256 Gaussian quantiles
 // with extremes +-448.
@@ -145,7 +143,7 @@ __host__ __device__ inline uint16_t bf16_rne(uint32_t u) {
 // checkpoint tensor whose stream key is key.
 struct Job {
   void* dst;
-  int kind, store;
+  int kind, store;  // GenKind; how a value is stored in the buffer (DevElem, engine.h)
   uint64_t key;
   float param;
   int64_t n, w, src_ld, src_off;
@@ -172,7 +170,7 @@ __host__ __device__ inline void gen_store(const Job& j, int64_t t, const uint8_t
       bf = 0x3F80u + (uint32_t)(h >> 60) - 8u;
       break;
   }
-  if (j.store == kStoreBF16)
+  if (j.store == kElemBF16)
     static_cast<uint16_t*>(j.dst)[t] = (uint16_t)bf;
   else
     static_cast<float*>(j.dst)[t] = bits_f32(bf << 16);
@@ -189,7 +187,7 @@ __global__ void __launch_bounds__(kThreads) synth_kernel(Job j) {
     gen_store(j, t, table);
 }
 
-// ---- jobs: where each checkpoint tensor goes (mirrors load_tensor) ----
+// ---- jobs: where each checkpoint tensor goes (place_piece, as load_tensor) ----
 
 struct Gen {
   int kind;
@@ -235,134 +233,13 @@ struct RankJob {
 // Adds the jobs of one piece, exactly where load_tensor would put its data.
 int plan_piece(Engine& e, const std::string& name, const Piece& pc, uint64_t seed,
                std::vector<RankJob>& jobs) {
-  const Dims& d = e.d;
   const Gen g = piece_gen(e, pc);
   const uint64_t key = mix64(seed ^ fnv1a64(name));
-  const int l = pc.layer;
-  // A contiguous run of n elements of the tensor from element src_off.
-  auto run = [&](int rank, void* dst, int store, int64_t n, int64_t src_off) {
-    jobs.push_back({rank, Job{dst, g.kind, store, key, g.param, n, n, n, src_off}});
-  };
-  // Columns [c0, c0+w) of every one of rows rows of a [rows, cols] tensor.
-  auto cols = [&](int rank, void* dst, int64_t rows, int64_t ncols, int64_t c0, int64_t w) {
-    jobs.push_back({rank, Job{dst, g.kind, kStoreU8, key, g.param, rows * w, w, ncols, c0}});
-  };
-  const int tp = (int)e.ranks.size();
-  switch (pc.role) {
-    case Role::LmHead:
-      for (int r = 0; r < tp; ++r) {
-        Rank& R = e.ranks[r];
-        const int64_t n = (int64_t)d.V_l * d.H, off = (int64_t)r * n;
-        if (e.f32kv) run(r, R.lm_head_f32, kStoreF32, n, off);
-        else run(r, R.lm_head, kStoreBF16, n, off);
-      }
-      break;
-    case Role::Embed:
-      for (int r = 0; r < tp; ++r) run(r, e.ranks[r].embed, kStoreBF16, (int64_t)d.V * d.H, 0);
-      break;
-    case Role::FinalNorm:
-    case Role::InNorm:
-    case Role::PostNorm:
-    case Role::QNorm:
-    case Role::KNorm:
-    case Role::RouterW:
-    case Role::RouterB:
-      for (int r = 0; r < tp; ++r) {
-        Rank& R = e.ranks[r];
-        LayerDev* L = l >= 0 ? &R.layers[l] : nullptr;
-        float* dst = pc.role == Role::FinalNorm ? R.final_norm
-                     : pc.role == Role::InNorm  ? L->in_norm
-                     : pc.role == Role::PostNorm ? L->post_norm
-                     : pc.role == Role::QNorm   ? L->q_norm
-                     : pc.role == Role::KNorm   ? L->k_norm
-                     : pc.role == Role::RouterW ? L->router
-                                                : L->router_bias;
-        run(r, dst, kStoreF32, pc.rows * (pc.cols > 0 ? pc.cols : 1), 0);
-      }
-      break;
-    case Role::QW:
-    case Role::KW:
-    case Role::VW:
-    case Role::QS:
-    case Role::KS:
-    case Role::VS:
-    case Role::QB:
-    case Role::KB:
-    case Role::VB: {
-      const bool is_q = pc.role == Role::QW || pc.role == Role::QS || pc.role == Role::QB;
-      const bool is_k = pc.role == Role::KW || pc.role == Role::KS || pc.role == Role::KB;
-      const int heads_l = is_q ? d.nq_l : d.nkv_l;
-      const int64_t dst_row0 = is_q ? 0 : is_k ? (int64_t)d.nq_l * d.D : (int64_t)(d.nq_l + d.nkv_l) * d.D;
-      const int64_t rows_l = (int64_t)heads_l * d.D;
-      const bool weight = pc.role == Role::QW || pc.role == Role::KW || pc.role == Role::VW;
-      const bool scale = pc.role == Role::QS || pc.role == Role::KS || pc.role == Role::VS;
-      for (int r = 0; r < tp; ++r) {
-        LayerDev& L = e.ranks[r].layers[l];
-        const int64_t src_row0 = (int64_t)r * rows_l;
-        if (weight) run(r, L.qkv + dst_row0 * d.H, kStoreU8, rows_l * d.H, src_row0 * d.H);
-        else run(r, (scale ? L.qkv_scale : L.qkv_bias) + dst_row0, kStoreF32, rows_l, src_row0);
-      }
-      break;
-    }
-    case Role::OW:
-    case Role::OS: {
-      const int64_t w = (int64_t)d.nq_l * d.D;
-      for (int r = 0; r < tp; ++r) {
-        LayerDev& L = e.ranks[r].layers[l];
-        if (pc.role == Role::OW) cols(r, L.o, d.H, (int64_t)d.nq * d.D, r * w, w);
-        else run(r, L.o_scale, kStoreF32, d.H, 0);
-      }
-      break;
-    }
-    case Role::DGateW:
-    case Role::DUpW:
-    case Role::DGateS:
-    case Role::DUpS: {
-      const bool up = pc.role == Role::DUpW || pc.role == Role::DUpS;
-      const bool weight = pc.role == Role::DGateW || pc.role == Role::DUpW;
-      for (int r = 0; r < tp; ++r) {
-        LayerDev& L = e.ranks[r].layers[l];
-        const int64_t s0 = (int64_t)r * d.I_l, d0 = up ? d.I_l : 0;
-        if (weight) run(r, L.gu + d0 * d.H, kStoreU8, (int64_t)d.I_l * d.H, s0 * d.H);
-        else run(r, L.gu_scale + d0, kStoreF32, d.I_l, s0);
-      }
-      break;
-    }
-    case Role::DDownW:
-    case Role::DDownS:
-      for (int r = 0; r < tp; ++r) {
-        LayerDev& L = e.ranks[r].layers[l];
-        if (pc.role == Role::DDownW) cols(r, L.down, d.H, d.I, (int64_t)r * d.I_l, d.I_l);
-        else run(r, L.down_scale, kStoreF32, d.H, 0);
-      }
-      break;
-    case Role::EGateW:
-    case Role::EGateS:
-    case Role::EUpW:
-    case Role::EUpS:
-    case Role::EDownW:
-    case Role::EDownS: {
-      const bool shared = pc.expert == d.E;
-      const int owner = shared ? 0 : pc.expert / d.E_l;
-      Rank& R = e.ranks[owner];
-      const int g = shared ? R.shared_local : pc.expert - R.expert_begin;
-      if (g < 0)
-        return fail(GLMRT_ERR_INVALID, "synthesize: tensor %s: no local expert group on GPU %d",
-                    name.c_str(), R.device);
-      LayerDev& L = R.layers[l];
-      const int64_t MI = d.MI, H = d.H;
-      switch (pc.role) {
-        case Role::EGateW: run(owner, L.e_gu + (int64_t)g * 2 * MI * H, kStoreU8, MI * H, 0); break;
-        case Role::EUpW: run(owner, L.e_gu + ((int64_t)g * 2 + 1) * MI * H, kStoreU8, MI * H, 0); break;
-        case Role::EDownW: run(owner, L.e_down + (int64_t)g * H * MI, kStoreU8, H * MI, 0); break;
-        case Role::EGateS: run(owner, L.e_gu_scale + (int64_t)g * 2 * MI, kStoreF32, MI, 0); break;
-        case Role::EUpS: run(owner, L.e_gu_scale + ((int64_t)g * 2 + 1) * MI, kStoreF32, MI, 0); break;
-        default: run(owner, L.e_down_scale + (int64_t)g * H, kStoreF32, H, 0); break;
-      }
-      break;
-    }
-    case Role::MtpSkip:
-      break;
+  for (int r = 0; r < (int)e.ranks.size(); ++r) {
+    Placement p;
+    bool held;
+    GLMRT_TRY(place_piece(e, pc, name.c_str(), r, p, held));
+    if (held) jobs.push_back({r, Job{p.dst, g.kind, p.elem, key, g.param, p.n, p.w, p.src_ld, p.src_off}});
   }
   return GLMRT_OK;
 }

@@ -1,7 +1,8 @@
 // weights.cu — checkpoint tensors by their real names (glm47-spec.md §2.2):
 // the list of expected names with shapes, and the upload that fuses q|k|v and
 // gate|up (keeping every part's own row scales), converts scales, norms and
-// biases to FP32, and shards for tensor/expert parallelism:
+// biases to FP32, and shards for tensor/expert parallelism (place_piece, the
+// mapping synth.cu's generator follows too):
 //   q/k/v rows by head, o_proj columns by head; dense gate/up rows and down
 //   columns by intermediate slice; routed experts whole on rank e / E_l; the
 //   shared expert whole on rank 0; lm_head rows by vocabulary slice; embedding,
@@ -166,6 +167,125 @@ int build_expected_names(Engine& e) {
   return GLMRT_OK;
 }
 
+int place_piece(const Engine& e, const Piece& pc, const char* name, int rank, Placement& p, bool& held) {
+  const Dims& d = e.d;
+  const Rank& r = e.ranks[rank];
+  const int l = pc.layer;
+  held = true;
+  // A contiguous run of n elements of the tensor from element off.
+  auto run = [&](void* dst, int elem, int64_t n, int64_t off) { p = Placement{dst, elem, n, n, n, off}; };
+  // Columns [c0, c0 + w) of each of the rows rows of an FP8 [rows, ncols] tensor.
+  auto cols = [&](void* dst, int64_t rows, int64_t ncols, int64_t c0, int64_t w) {
+    p = Placement{dst, kElemU8, rows * w, w, ncols, c0};
+  };
+  switch (pc.role) {
+    case Role::LmHead: {  // rows by vocabulary slice
+      const int64_t n = (int64_t)d.V_l * d.H, off = (int64_t)rank * n;
+      if (e.f32kv) run(r.lm_head_f32, kElemF32, n, off);
+      else run(r.lm_head, kElemBF16, n, off);
+      return GLMRT_OK;
+    }
+    case Role::Embed:
+      run(r.embed, kElemBF16, (int64_t)d.V * d.H, 0);
+      return GLMRT_OK;
+    case Role::FinalNorm:
+    case Role::InNorm:
+    case Role::PostNorm:
+    case Role::QNorm:
+    case Role::KNorm:
+    case Role::RouterW:
+    case Role::RouterB: {  // replicated, FP32
+      const LayerDev* L = l >= 0 ? &r.layers[l] : nullptr;
+      float* dst = pc.role == Role::FinalNorm ? r.final_norm
+                   : pc.role == Role::InNorm  ? L->in_norm
+                   : pc.role == Role::PostNorm ? L->post_norm
+                   : pc.role == Role::QNorm   ? L->q_norm
+                   : pc.role == Role::KNorm   ? L->k_norm
+                   : pc.role == Role::RouterW ? L->router
+                                              : L->router_bias;
+      run(dst, kElemF32, pc.rows * (pc.cols > 0 ? pc.cols : 1), 0);
+      return GLMRT_OK;
+    }
+    case Role::QW:
+    case Role::KW:
+    case Role::VW:
+    case Role::QS:
+    case Role::KS:
+    case Role::VS:
+    case Role::QB:
+    case Role::KB:
+    case Role::VB: {  // rows by head, into the rank's q | k | v rows
+      const bool is_q = pc.role == Role::QW || pc.role == Role::QS || pc.role == Role::QB;
+      const bool is_k = pc.role == Role::KW || pc.role == Role::KS || pc.role == Role::KB;
+      const int heads_l = is_q ? d.nq_l : d.nkv_l;
+      const int64_t dst_row0 = is_q ? 0 : is_k ? (int64_t)d.nq_l * d.D : (int64_t)(d.nq_l + d.nkv_l) * d.D;
+      const int64_t rows_l = (int64_t)heads_l * d.D;
+      const bool weight = pc.role == Role::QW || pc.role == Role::KW || pc.role == Role::VW;
+      const bool scale = pc.role == Role::QS || pc.role == Role::KS || pc.role == Role::VS;
+      const LayerDev& L = r.layers[l];
+      const int64_t src_row0 = (int64_t)rank * rows_l;
+      if (weight) run(L.qkv + dst_row0 * d.H, kElemU8, rows_l * d.H, src_row0 * d.H);
+      else run((scale ? L.qkv_scale : L.qkv_bias) + dst_row0, kElemF32, rows_l, src_row0);
+      return GLMRT_OK;
+    }
+    case Role::OW:
+    case Role::OS: {  // columns by head; the row scales replicated
+      const int64_t w = (int64_t)d.nq_l * d.D;
+      const LayerDev& L = r.layers[l];
+      if (pc.role == Role::OW) cols(L.o, d.H, (int64_t)d.nq * d.D, rank * w, w);
+      else run(L.o_scale, kElemF32, d.H, 0);
+      return GLMRT_OK;
+    }
+    case Role::DGateW:
+    case Role::DUpW:
+    case Role::DGateS:
+    case Role::DUpS: {  // rows by intermediate slice, into the rank's gate | up rows
+      const bool up = pc.role == Role::DUpW || pc.role == Role::DUpS;
+      const bool weight = pc.role == Role::DGateW || pc.role == Role::DUpW;
+      const LayerDev& L = r.layers[l];
+      const int64_t s0 = (int64_t)rank * d.I_l, d0 = up ? d.I_l : 0;
+      if (weight) run(L.gu + d0 * d.H, kElemU8, (int64_t)d.I_l * d.H, s0 * d.H);
+      else run(L.gu_scale + d0, kElemF32, d.I_l, s0);
+      return GLMRT_OK;
+    }
+    case Role::DDownW:
+    case Role::DDownS: {  // columns by intermediate slice; the row scales replicated
+      const LayerDev& L = r.layers[l];
+      if (pc.role == Role::DDownW) cols(L.down, d.H, d.I, (int64_t)rank * d.I_l, d.I_l);
+      else run(L.down_scale, kElemF32, d.H, 0);
+      return GLMRT_OK;
+    }
+    case Role::EGateW:
+    case Role::EGateS:
+    case Role::EUpW:
+    case Role::EUpS:
+    case Role::EDownW:
+    case Role::EDownS: {  // whole, in group g of the owner: routed e on rank e / E_l, shared on 0
+      const bool shared = pc.expert == d.E;
+      const int owner = shared ? 0 : pc.expert / d.E_l;
+      if (rank != owner) break;
+      const int g = shared ? r.shared_local : pc.expert - r.expert_begin;
+      if (g < 0)
+        return fail(GLMRT_ERR_INVALID, "tensor %s: no local expert group on GPU %d", name, r.device);
+      const LayerDev& L = r.layers[l];
+      const int64_t MI = d.MI, H = d.H;
+      switch (pc.role) {
+        case Role::EGateW: run(L.e_gu + (int64_t)g * 2 * MI * H, kElemU8, MI * H, 0); break;
+        case Role::EUpW: run(L.e_gu + ((int64_t)g * 2 + 1) * MI * H, kElemU8, MI * H, 0); break;
+        case Role::EDownW: run(L.e_down + (int64_t)g * H * MI, kElemU8, H * MI, 0); break;
+        case Role::EGateS: run(L.e_gu_scale + (int64_t)g * 2 * MI, kElemF32, MI, 0); break;
+        case Role::EUpS: run(L.e_gu_scale + ((int64_t)g * 2 + 1) * MI, kElemF32, MI, 0); break;
+        default: run(L.e_down_scale + (int64_t)g * H, kElemF32, H, 0); break;
+      }
+      return GLMRT_OK;
+    }
+    case Role::MtpSkip:
+      break;
+  }
+  held = false;
+  return GLMRT_OK;
+}
+
 int load_tensor(Engine& e, const char* name, int32_t dtype, const int64_t* shape, int32_t ndim,
                 const void* data, uint64_t nbytes) {
   auto it = e.names.find(name);
@@ -208,169 +328,38 @@ int load_tensor(Engine& e, const char* name, int32_t dtype, const int64_t* shape
     return GLMRT_OK;
   }
 
-  const Dims& d = e.d;
-  const int l = pc.layer;
+  // Each rank's part, from the data converted to the device's element type
+  // (once per tensor).
   std::vector<float> f;
   std::vector<uint16_t> b16;
-  const unsigned char* src = static_cast<const unsigned char*>(data);
-  auto f32 = [&]() -> int {
-    if (!to_f32(dtype, data, (size_t)elems, f))
-      return fail(GLMRT_ERR_INVALID, "tensor %s: cannot convert %s", name, dtype_name(dtype));
-    return GLMRT_OK;
-  };
-
-  switch (pc.role) {
-    case Role::LmHead:
-      if (e.f32kv) {
-        GLMRT_TRY(f32());
-        for (Rank& r : e.ranks)
-          GLMRT_TRY(h2d(r, r.lm_head_f32, f.data() + (size_t)r.index * d.V_l * d.H,
-                        (size_t)d.V_l * d.H * 4, name));
-        break;
-      }
-      [[fallthrough]];
-    case Role::Embed: {
-      if (!to_bf16(dtype, data, (size_t)elems, b16))
+  bool have_f = false, have_b16 = false;
+  for (int ri = 0; ri < (int)e.ranks.size(); ++ri) {
+    Placement p;
+    bool held;
+    GLMRT_TRY(place_piece(e, pc, name, ri, p, held));
+    if (!held) continue;
+    const void* host = data;
+    size_t esize_dev = 1;
+    if (p.elem == kElemF32) {
+      if (!have_f && !to_f32(dtype, data, (size_t)elems, f))
         return fail(GLMRT_ERR_INVALID, "tensor %s: cannot convert %s", name, dtype_name(dtype));
-      for (Rank& r : e.ranks) {
-        if (pc.role == Role::Embed)
-          GLMRT_TRY(h2d(r, r.embed, b16.data(), b16.size() * 2, name));
-        else
-          GLMRT_TRY(h2d(r, r.lm_head, b16.data() + (size_t)r.index * d.V_l * d.H,
-                        (size_t)d.V_l * d.H * 2, name));
-      }
-      break;
+      have_f = true;
+      host = f.data();
+      esize_dev = 4;
+    } else if (p.elem == kElemBF16) {
+      if (!have_b16 && !to_bf16(dtype, data, (size_t)elems, b16))
+        return fail(GLMRT_ERR_INVALID, "tensor %s: cannot convert %s", name, dtype_name(dtype));
+      have_b16 = true;
+      host = b16.data();
+      esize_dev = 2;
     }
-    case Role::FinalNorm:
-    case Role::InNorm:
-    case Role::PostNorm:
-    case Role::QNorm:
-    case Role::KNorm:
-    case Role::RouterW:
-    case Role::RouterB: {
-      GLMRT_TRY(f32());
-      for (Rank& r : e.ranks) {
-        LayerDev* L = l >= 0 ? &r.layers[l] : nullptr;
-        float* dst = pc.role == Role::FinalNorm ? r.final_norm
-                     : pc.role == Role::InNorm  ? L->in_norm
-                     : pc.role == Role::PostNorm ? L->post_norm
-                     : pc.role == Role::QNorm   ? L->q_norm
-                     : pc.role == Role::KNorm   ? L->k_norm
-                     : pc.role == Role::RouterW ? L->router
-                                                : L->router_bias;
-        GLMRT_TRY(h2d(r, dst, f.data(), f.size() * 4, name));
-      }
-      break;
-    }
-    case Role::QW:
-    case Role::KW:
-    case Role::VW:
-    case Role::QS:
-    case Role::KS:
-    case Role::VS:
-    case Role::QB:
-    case Role::KB:
-    case Role::VB: {
-      const bool is_q = pc.role == Role::QW || pc.role == Role::QS || pc.role == Role::QB;
-      const bool is_k = pc.role == Role::KW || pc.role == Role::KS || pc.role == Role::KB;
-      const int heads_l = is_q ? d.nq_l : d.nkv_l;
-      const int64_t dst_row0 = is_q ? 0 : is_k ? (int64_t)d.nq_l * d.D : (int64_t)(d.nq_l + d.nkv_l) * d.D;
-      const int64_t rows_l = (int64_t)heads_l * d.D;
-      const bool weight = pc.role == Role::QW || pc.role == Role::KW || pc.role == Role::VW;
-      const bool scale = pc.role == Role::QS || pc.role == Role::KS || pc.role == Role::VS;
-      if (!weight) GLMRT_TRY(f32());
-      for (Rank& r : e.ranks) {
-        LayerDev& L = r.layers[l];
-        const int64_t src_row0 = (int64_t)r.index * rows_l;
-        if (weight)
-          GLMRT_TRY(h2d(r, L.qkv + dst_row0 * d.H, src + src_row0 * d.H, (size_t)rows_l * d.H, name));
-        else
-          GLMRT_TRY(h2d(r, (scale ? L.qkv_scale : L.qkv_bias) + dst_row0, f.data() + src_row0,
-                        (size_t)rows_l * 4, name));
-      }
-      break;
-    }
-    case Role::OW:
-    case Role::OS: {
-      if (pc.role == Role::OS) GLMRT_TRY(f32());
-      const size_t w = (size_t)d.nq_l * d.D;
-      for (Rank& r : e.ranks) {
-        LayerDev& L = r.layers[l];
-        if (pc.role == Role::OW)
-          GLMRT_TRY(h2d_cols(r, L.o, src, d.H, (size_t)d.nq * d.D, r.index * w, w, 1, name));
-        else
-          GLMRT_TRY(h2d(r, L.o_scale, f.data(), (size_t)d.H * 4, name));
-      }
-      break;
-    }
-    case Role::DGateW:
-    case Role::DUpW:
-    case Role::DGateS:
-    case Role::DUpS: {
-      const bool up = pc.role == Role::DUpW || pc.role == Role::DUpS;
-      const bool weight = pc.role == Role::DGateW || pc.role == Role::DUpW;
-      if (!weight) GLMRT_TRY(f32());
-      for (Rank& r : e.ranks) {
-        LayerDev& L = r.layers[l];
-        const int64_t s0 = (int64_t)r.index * d.I_l, d0 = up ? d.I_l : 0;
-        if (weight)
-          GLMRT_TRY(h2d(r, L.gu + d0 * d.H, src + s0 * d.H, (size_t)d.I_l * d.H, name));
-        else
-          GLMRT_TRY(h2d(r, L.gu_scale + d0, f.data() + s0, (size_t)d.I_l * 4, name));
-      }
-      break;
-    }
-    case Role::DDownW:
-    case Role::DDownS: {
-      if (pc.role == Role::DDownS) GLMRT_TRY(f32());
-      for (Rank& r : e.ranks) {
-        LayerDev& L = r.layers[l];
-        if (pc.role == Role::DDownW)
-          GLMRT_TRY(h2d_cols(r, L.down, src, d.H, d.I, (size_t)r.index * d.I_l, d.I_l, 1, name));
-        else
-          GLMRT_TRY(h2d(r, L.down_scale, f.data(), (size_t)d.H * 4, name));
-      }
-      break;
-    }
-    case Role::EGateW:
-    case Role::EGateS:
-    case Role::EUpW:
-    case Role::EUpS:
-    case Role::EDownW:
-    case Role::EDownS: {
-      const bool shared = pc.expert == d.E;
-      const int owner = shared ? 0 : pc.expert / d.E_l;
-      Rank& r = e.ranks[owner];
-      const int g = shared ? r.shared_local : pc.expert - r.expert_begin;
-      LayerDev& L = r.layers[l];
-      const size_t MI = d.MI, H = d.H;
-      switch (pc.role) {
-        case Role::EGateW:
-          GLMRT_TRY(h2d(r, L.e_gu + (size_t)g * 2 * MI * H, src, MI * H, name));
-          break;
-        case Role::EUpW:
-          GLMRT_TRY(h2d(r, L.e_gu + ((size_t)g * 2 + 1) * MI * H, src, MI * H, name));
-          break;
-        case Role::EDownW:
-          GLMRT_TRY(h2d(r, L.e_down + (size_t)g * H * MI, src, H * MI, name));
-          break;
-        case Role::EGateS:
-          GLMRT_TRY(f32());
-          GLMRT_TRY(h2d(r, L.e_gu_scale + (size_t)g * 2 * MI, f.data(), MI * 4, name));
-          break;
-        case Role::EUpS:
-          GLMRT_TRY(f32());
-          GLMRT_TRY(h2d(r, L.e_gu_scale + ((size_t)g * 2 + 1) * MI, f.data(), MI * 4, name));
-          break;
-        default:
-          GLMRT_TRY(f32());
-          GLMRT_TRY(h2d(r, L.e_down_scale + (size_t)g * H, f.data(), H * 4, name));
-          break;
-      }
-      break;
-    }
-    case Role::MtpSkip:
-      break;
+    Rank& r = e.ranks[ri];
+    if (p.w >= p.n)
+      GLMRT_TRY(h2d(r, p.dst, static_cast<const char*>(host) + (size_t)p.src_off * esize_dev,
+                    (size_t)p.n * esize_dev, name));
+    else
+      GLMRT_TRY(h2d_cols(r, p.dst, host, (size_t)(p.n / p.w), (size_t)p.src_ld, (size_t)p.src_off,
+                         (size_t)p.w, esize_dev, name));
   }
   pc.loaded = true;
   return GLMRT_OK;

@@ -22,22 +22,15 @@
 // + attention_merge) on a few shapes. --json FILE writes the bench rows.
 // --sweep: launch knobs (stages, split policy, min chunk, direct merge) on a
 // few shapes, fastest first.
-#include <cuda_runtime.h>
-
-#include <algorithm>
 #include <atomic>
-#include <cmath>
-#include <cstdarg>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <numeric>
-#include <random>
-#include <string>
 #include <thread>
-#include <vector>
 
 #include "kernels.h"
+
+#define CHECK_NAME_W 22
+#define CHECK_DETAIL_W 58
+#include "check.cuh"
 
 namespace glmk {
 // Test hook defined in attention.cu (not part of kernels.h).
@@ -52,102 +45,20 @@ size_t decode_attention_counter_bytes();
 
 using namespace glmk;
 
-#define CK(call)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(2);                                                                               \
-    }                                                                                        \
-  } while (0)
-
-static std::mt19937_64 rng;
 static int g_num_sms = 132;
 
-// ------------------------------------------------------------ host numerics
-
-static double fp8_pos[127];
-static void init_fp8() {
-  for (int c = 0; c < 127; ++c) {
-    const int e = c >> 3, m = c & 7;
-    fp8_pos[c] = e == 0 ? (m / 8.0) * std::ldexp(1.0, -6) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
-  }
-}
-// Round to nearest even with saturation to 448 (== clamp then RNE); the encoder
-// kernel_check proves bit-identical to the device's f32_to_e4m3.
-static uint8_t fp8_enc(float xf) {
-  const double x = xf;
-  const double mag = std::min(std::fabs(x), 448.0);
-  int hi = int(std::lower_bound(fp8_pos, fp8_pos + 127, mag) - fp8_pos);
-  hi = std::min(hi, 126);
-  const int lo = std::max(hi - 1, 0);
-  const double dlo = mag - fp8_pos[lo], dhi = fp8_pos[hi] - mag;
-  int code = (dhi < dlo || (dhi == dlo && hi % 2 == 0)) ? hi : lo;
-  if (mag == 0) code = 0;
-  return (uint8_t)(code | (std::signbit(x) ? 0x80 : 0));
-}
-static uint16_t bf16_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
-  return (uint16_t)(u >> 16);
-}
-static float bf16_val(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 static const uint16_t kBf16NaN = 0x7fc0;
 
-static float randu(float a, float b) {
-  std::uniform_real_distribution<float> d(a, b);
-  return d(rng);
-}
-static int randi(int a, int b) {  // inclusive
-  std::uniform_int_distribution<int> d(a, b);
-  return d(rng);
-}
 // Fast normal-ish samples for bulk data (sum of 4 uniforms, unit variance).
 struct FastRng {
   uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }
   float nrm() {
     const uint64_t z = next();
     float t = 0;
     for (int i = 0; i < 4; ++i) t += (float)((z >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
     return (t - 2.0f) * 1.7320508f;
   }
-};
-
-// ------------------------------------------------------------ device buffers
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  Dev() = default;
-  explicit Dev(size_t count) : n(count) { CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  ~Dev() {
-    if (p) cudaFree(p);
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void up(const std::vector<T>& h) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> down() const {
-    std::vector<T> h(n);
-    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() { CK(cudaMemset(p, 0xff, std::max<size_t>(1, n) * sizeof(T))); }
 };
 
 // One workspace for every correctness case, zeroed only when (re)allocated:
@@ -176,39 +87,6 @@ static size_t dirty_counters(void* ws, size_t ws_bytes) {
   for (int v : h) bad += v != 0;
   if (bad) CK(cudaMemset(ws, 0, words * sizeof(int)));
   return bad;
-}
-
-// ------------------------------------------------------------ result table
-
-struct Row {
-  std::string name, detail;
-  double err, tol;
-  bool ok;
-};
-static std::vector<Row> table;
-
-static double rel_err(const std::vector<double>& out, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(out[i])) return NAN;
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-static void report(const std::string& name, const std::string& detail, double err, double tol) {
-  const bool ok = std::isfinite(err) && err <= tol;
-  table.push_back({name, detail, err, tol, ok});
-  printf("%-22s %-58s err=%.3e tol=%.1e %s\n", name.c_str(), detail.c_str(), err, tol, ok ? "ok" : "FAIL");
-  fflush(stdout);
-}
-static std::string fmt(const char* f, ...) {
-  char b[512];
-  va_list ap;
-  va_start(ap, f);
-  vsnprintf(b, sizeof b, f, ap);
-  va_end(ap);
-  return b;
 }
 
 // One row per case: the counter words left non-zero after each of its launches.
@@ -658,10 +536,7 @@ static void check_invalid() {
 
 static __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = mix64(seed + i * 0x9E3779B97F4A7C15ull);
     const float v = ((float)(z & 0xffff) / 65536.0f - 0.5f) * 4.0f;  // [-2, 2)
     p[i] = __bfloat16_as_ushort(__float2bfloat16(v));
   }
@@ -669,10 +544,7 @@ static __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed) {
 
 static __global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    uint64_t z = seed + i * 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
+    const uint64_t z = mix64(seed + i * 0x9E3779B97F4A7C15ull);
     p[i] = ((float)(z & 0xffffff) / 16777216.0f - 0.5f) * 3.0f;
   }
 }
@@ -744,25 +616,10 @@ static double time_graphs(int graphs, int reps, F launch) {
   }
   for (int g = 0; g < graphs; ++g) CK(cudaGraphLaunch(ex[g], s));
   CK(cudaStreamSynchronize(s));
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> t;
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(e0, s));
-    CK(cudaGraphLaunch(ex[r % graphs], s));
-    CK(cudaEventRecord(e1, s));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms);
-  }
-  CK(cudaEventDestroy(e0));
-  CK(cudaEventDestroy(e1));
+  const float ms = median_ms(reps, s, [&](int r) { CK(cudaGraphLaunch(ex[r % graphs], s)); });
   for (auto& e : ex) CK(cudaGraphExecDestroy(e));
   CK(cudaStreamDestroy(s));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2] * 1000.0 / 20.0;
+  return ms * 1000.0 / 20.0;
 }
 
 static const double kPeakTBs = 4.46;
@@ -1014,9 +871,8 @@ int main(int argc, char** argv) {
     check_invalid();
     CK(cudaDeviceSynchronize());
   }
-  int fails = 0;
-  for (auto& r : table) fails += !r.ok;
-  if (!only_bench || table.size()) printf("attn_check: %zu checks, %d failed\n", table.size(), fails);
+  const int fails = failed_checks();
+  if (!only_bench || table.size()) print_summary("attn_check", fails);
   if (do_bench) bench(json);
   if (do_sweep) sweep();
   if (g_ws) cudaFree(g_ws);

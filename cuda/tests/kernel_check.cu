@@ -13,174 +13,22 @@
 // --sweep: the bench plus every launch shape of the streaming kernel
 // (StreamTuning) on the full-size shapes, the fastest printed per shape.
 // --profile: two calls of each decode kernel at M=1 and nothing else (for ncu).
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cmath>
-#include <cstdarg>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <numeric>
-#include <random>
-#include <string>
-#include <vector>
 
 #include "kernels.h"
 
+#define CHECK_NAME_W 28
+#define CHECK_DETAIL_W 44
+#include "check.cuh"
+
 using namespace glmk;
 
-#define CK(call)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(2);                                                                               \
-    }                                                                                        \
-  } while (0)
-#define CKS(call)                                                          \
-  do {                                                                     \
-    std::string e_ = (call);                                               \
-    if (!e_.empty()) {                                                     \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, e_.c_str()); \
-      exit(2);                                                             \
-    }                                                                      \
-  } while (0)
-
-static std::mt19937_64 rng;
-
-// ------------------------------------------------------------ host numerics
-
-static double fp8_pos[127];
-static void init_fp8() {
-  for (int c = 0; c < 127; ++c) {
-    const int e = c >> 3, m = c & 7;
-    fp8_pos[c] = e == 0 ? (m / 8.0) * std::ldexp(1.0, -6) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
-  }
-}
-static double fp8_dec(uint8_t b) {
-  if ((b & 0x7f) == 0x7f) return NAN;
-  const double v = fp8_pos[b & 0x7f];
-  return (b & 0x80) ? -v : v;
-}
-// Round to nearest even with saturation to 448 (== clamp then RNE).
-static uint8_t fp8_enc(float xf) {
-  const double x = xf;
-  const double mag = std::min(std::fabs(x), 448.0);
-  int hi = int(std::lower_bound(fp8_pos, fp8_pos + 127, mag) - fp8_pos);
-  hi = std::min(hi, 126);
-  const int lo = std::max(hi - 1, 0);
-  const double dlo = mag - fp8_pos[lo], dhi = fp8_pos[hi] - mag;
-  int code = (dhi < dlo || (dhi == dlo && hi % 2 == 0)) ? hi : lo;
-  if (mag == 0) code = 0;
-  return (uint8_t)(code | (std::signbit(x) ? 0x80 : 0));
-}
-static float bf16_round(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
-  float r;
-  memcpy(&r, &u, 4);
-  return r;
-}
-static uint16_t bf16_bits(float f) {
-  float r = bf16_round(f);
-  uint32_t u;
-  memcpy(&u, &r, 4);
-  return (uint16_t)(u >> 16);
-}
-static float bf16_val(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-
-// SplitMix64's finaliser (pkg/sample/rng.go; also the bench's and the PDL
-// check's on-device fills).
-static __host__ __device__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-static float randn() {
-  std::normal_distribution<float> d(0.f, 1.f);
-  return d(rng);
-}
-static float randu(float a, float b) {
-  std::uniform_real_distribution<float> d(a, b);
-  return d(rng);
-}
-static int randi(int a, int b) {  // inclusive
-  std::uniform_int_distribution<int> d(a, b);
-  return d(rng);
-}
 static uint8_t rand_fp8() {  // any finite code
   for (;;) {
     uint8_t b = (uint8_t)rng();
     if ((b & 0x7f) != 0x7f) return b;
   }
-}
-
-// ------------------------------------------------------------ device buffers
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  Dev() = default;
-  explicit Dev(size_t count) : n(count) { CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  ~Dev() {
-    if (p) cudaFree(p);
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void up(const std::vector<T>& h) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> down() const {
-    std::vector<T> h(n);
-    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() { CK(cudaMemset(p, 0xff, std::max<size_t>(1, n) * sizeof(T))); }
-};
-
-// ------------------------------------------------------------ result table
-
-struct Row {
-  std::string name, detail;
-  double err, tol;
-  bool ok;
-};
-static std::vector<Row> table;
-
-static double rel_err(const std::vector<double>& out, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(out[i])) return NAN;
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-static void report(const std::string& name, const std::string& detail, double err, double tol) {
-  const bool ok = std::isfinite(err) && err <= tol;
-  table.push_back({name, detail, err, tol, ok});
-  printf("%-28s %-44s err=%.3e tol=%.1e %s\n", name.c_str(), detail.c_str(), err, tol,
-         ok ? "ok" : "FAIL");
-  fflush(stdout);
-}
-static std::string fmt(const char* f, ...) {
-  char b[256];
-  va_list ap;
-  va_start(ap, f);
-  vsnprintf(b, sizeof b, f, ap);
-  va_end(ap);
-  return b;
 }
 
 // ------------------------------------------------------------ quant
@@ -898,15 +746,6 @@ static void check_norm() {
   report("add_rmsnorm indexed", "rows {3,0,10} of 11, no delta", rel_err(x2, r2), 1e-5);
 }
 
-static std::vector<float> make_inv_freq(int rot, float theta) {
-  std::vector<float> f(rot / 2);
-  for (int i = 0; i < rot / 2; ++i) {
-    const float e = (float)(2 * i) / (float)rot;
-    f[i] = 1.0f / std::pow(theta, e);
-  }
-  return f;
-}
-
 static void check_rope(bool f32) {
   const int T = 7, NH = 24, NKV = 2, D = 128, rot = 64, bs = 16, nblocks = 64;
   const int W = (NH + 2 * NKV) * D;
@@ -1592,23 +1431,7 @@ template <typename F>
 static float time_ms(F f, int iters = 50) {
   for (int i = 0; i < 5; ++i) f(i, (cudaStream_t)0);
   CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < iters; ++i) {
-    CK(cudaEventRecord(a));
-    f(i, (cudaStream_t)0);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_ms(iters, (cudaStream_t)0, [&](int i) { f(i, (cudaStream_t)0); });
 }
 
 // Back-to-back: `launches` calls between two events (the GPU never waits for
@@ -1618,61 +1441,16 @@ template <typename F>
 static float time_b2b_ms(F f, int launches = 20, int reps = 11) {
   for (int i = 0; i < 5; ++i) f(i, (cudaStream_t)0);
   CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a));
-    for (int i = 0; i < launches; ++i) f(r * launches + i, (cudaStream_t)0);
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / launches);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median_ms(reps, (cudaStream_t)0, [&](int r) {
+           for (int i = 0; i < launches; ++i) f(r * launches + i, (cudaStream_t)0);
+         }) / launches;
 }
 
 // CUDA graph of `launches` calls (the launch gaps a decode step would have
 // once it is captured), per-call time, median of `reps` replays.
 template <typename F>
 static float time_graph_ms(F f, int launches = 20, int reps = 11) {
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < 5; ++i) f(i, s);
-  CK(cudaStreamSynchronize(s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < launches; ++i) f(i, s);
-  CK(cudaStreamEndCapture(s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, s));
-  CK(cudaStreamSynchronize(s));
-  std::vector<float> t;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / launches);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  CK(cudaStreamDestroy(s));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return graph_replay_ms(f, launches, reps, 5, 1) / launches;
 }
 
 struct BenchRow {
@@ -2235,15 +2013,12 @@ int main(int argc, char** argv) {
     check_sampling(151552, 24, "GLM vocab");
     CK(cudaDeviceSynchronize());
   }
-  int fails = 0;
-  for (auto& r : table) fails += !r.ok;
+  const int fails = failed_checks();
   if (do_bench) bench(lt, prop.multiProcessorCount, sweep);
   if (profile) profile_calls(lt);
   if (!only_bench) {
-    printf("\n%-28s %-44s %10s %8s\n", "kernel", "case", "rel.err", "result");
-    for (auto& r : table)
-      printf("%-28s %-44s %10.2e %8s\n", r.name.c_str(), r.detail.c_str(), r.err, r.ok ? "ok" : "FAIL");
-    printf("kernel_check: %zu checks, %d failed\n", table.size(), fails);
+    print_table("rel.err");
+    print_summary("kernel_check", fails);
   }
   return fails ? 1 : 0;
 }

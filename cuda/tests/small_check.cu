@@ -20,42 +20,19 @@
 // new one, and for the router the fused launch beside cuBLAS SGEMM +
 // router_topk + moe_align, for E = 20 and E = 160.
 #include <cublas_v2.h>
-#include <cuda_runtime.h>
 
-#include <algorithm>
-#include <cmath>
-#include <cstdarg>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <numeric>
-#include <random>
-#include <string>
-#include <type_traits>
-#include <vector>
 
 #include "common.cuh"
 #include "kernels.h"
 
+#define CHECK_NAME_W 26
+#define CHECK_DETAIL_W 58
+#include "check.cuh"
+
 using namespace glmk;
 
-#define CK(call)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(2);                                                                               \
-    }                                                                                        \
-  } while (0)
-#define CKS(call)                                                                \
-  do {                                                                           \
-    std::string e_ = (call);                                                     \
-    if (!e_.empty()) {                                                           \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, e_.c_str()); \
-      exit(2);                                                                   \
-    }                                                                            \
-  } while (0)
 #define CKB(call)                                                                          \
   do {                                                                                     \
     cublasStatus_t s_ = (call);                                                            \
@@ -65,139 +42,22 @@ using namespace glmk;
     }                                                                                      \
   } while (0)
 
-static std::mt19937_64 rng;
+// Device buffers of 4-byte ints are poisoned with 0x7f7f7f7f (-1 is a real id).
+template <typename T>
+struct PoisonByte<T, typename std::enable_if<sizeof(T) == 4 && std::is_integral<T>::value>::type> {
+  static constexpr int value = 0x7f;
+};
+static const int kPoisonInt = 0x7f7f7f7f;
 
-// ------------------------------------------------------------ host numerics
-
-static double fp8_pos[127];
-static void init_fp8() {
-  for (int c = 0; c < 127; ++c) {
-    const int e = c >> 3, m = c & 7;
-    fp8_pos[c] = e == 0 ? (m / 8.0) * std::ldexp(1.0, -6) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
-  }
-}
-static double fp8_dec(uint8_t b) {
-  if ((b & 0x7f) == 0x7f) return NAN;
-  const double v = fp8_pos[b & 0x7f];
-  return (b & 0x80) ? -v : v;
-}
-// Round to nearest even with saturation to 448 (== clamp then RNE).
-static uint8_t fp8_enc(float xf) {
-  const double x = xf;
-  const double mag = std::min(std::fabs(x), 448.0);
-  int hi = int(std::lower_bound(fp8_pos, fp8_pos + 127, mag) - fp8_pos);
-  hi = std::min(hi, 126);
-  const int lo = std::max(hi - 1, 0);
-  const double dlo = mag - fp8_pos[lo], dhi = fp8_pos[hi] - mag;
-  int code = (dhi < dlo || (dhi == dlo && hi % 2 == 0)) ? hi : lo;
-  if (mag == 0) code = 0;
-  return (uint8_t)(code | (std::signbit(x) ? 0x80 : 0));
-}
-static float bf16_round(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  u = (u + 0x7fff + ((u >> 16) & 1)) & 0xffff0000u;
-  float r;
-  memcpy(&r, &u, 4);
-  return r;
-}
-static uint16_t bf16_bits(float f) {
-  float r = bf16_round(f);
-  uint32_t u;
-  memcpy(&u, &r, 4);
-  return (uint16_t)(u >> 16);
-}
-static float bf16_val(uint16_t b) {
-  uint32_t u = (uint32_t)b << 16;
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
 static uint32_t fbits(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
   return u;
 }
 
-static float randn() {
-  std::normal_distribution<float> d(0.f, 1.f);
-  return d(rng);
-}
-static float randu(float a, float b) {
-  std::uniform_real_distribution<float> d(a, b);
-  return d(rng);
-}
-static int randi(int a, int b) {  // inclusive
-  std::uniform_int_distribution<int> d(a, b);
-  return d(rng);
-}
-
-// ------------------------------------------------------------ device buffers
-
-template <typename T>
-struct Dev {
-  T* p = nullptr;
-  size_t n = 0;
-  Dev() = default;
-  explicit Dev(size_t count) : n(count) { CK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
-  Dev(const std::vector<T>& h) : Dev(h.size()) { up(h); }
-  ~Dev() {
-    if (p) cudaFree(p);
-  }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void up(const std::vector<T>& h) {
-    CK(cudaMemcpy(p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> down() const {
-    std::vector<T> h(n);
-    CK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  // 0xff: NaN for floats, 0xff for bytes; ints get 0x7f7f7f7f (-1 is a real id).
-  void poison(int byte = sizeof(T) == 4 && std::is_integral<T>::value ? 0x7f : 0xff) {
-    CK(cudaMemset(p, byte, std::max<size_t>(1, n) * sizeof(T)));
-  }
-  void zero() { CK(cudaMemset(p, 0, std::max<size_t>(1, n) * sizeof(T))); }
-};
-static const int kPoisonInt = 0x7f7f7f7f;
-
-// ------------------------------------------------------------ result table
-
-struct Row {
-  std::string name, detail;
-  double err, tol;
-  bool ok;
-};
-static std::vector<Row> table;
-
-static double rel_err(const std::vector<double>& out, const std::vector<double>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (!std::isfinite(out[i])) return NAN;
-    num += (out[i] - ref[i]) * (out[i] - ref[i]);
-    den += ref[i] * ref[i];
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-static void report(const std::string& name, const std::string& detail, double err, double tol) {
-  const bool ok = std::isfinite(err) && err <= tol;
-  table.push_back({name, detail, err, tol, ok});
-  printf("%-26s %-58s err=%.3e tol=%.1e %s\n", name.c_str(), detail.c_str(), err, tol,
-         ok ? "ok" : "FAIL");
-  fflush(stdout);
-}
 // An exact check: passes iff bad == 0.
 static void report_exact(const std::string& name, const std::string& detail, size_t bad) {
   report(name, detail, bad ? 1.0 : 0.0, 0.0);
-}
-static std::string fmt(const char* f, ...) {
-  char b[512];
-  va_list ap;
-  va_start(ap, f);
-  vsnprintf(b, sizeof b, f, ap);
-  va_end(ap);
-  return b;
 }
 
 // ------------------------------------------------------------ previous kernels
@@ -784,12 +644,6 @@ static void check_norm(int H, int rows) {
 }
 
 // ------------------------------------------------------------ qk rope
-
-static std::vector<float> make_inv_freq(int rot, float theta) {
-  std::vector<float> f(rot / 2);
-  for (int i = 0; i < rot / 2; ++i) f[i] = 1.0f / std::pow(theta, (float)(2 * i) / (float)rot);
-  return f;
-}
 
 static void check_rope(int T, int NH, int NKV, bool f32) {
   const int D = 128, rot = 64, bs = 16, nblocks = std::max(64, 2 * T / bs + 8);
@@ -1544,38 +1398,7 @@ static void check_align_prev() {
 // after warm-up.
 template <typename F>
 static float time_graph_us(F f, int launches = 20, int reps = 11) {
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  for (int i = 0; i < 3; ++i) f(s);
-  CK(cudaStreamSynchronize(s));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < launches; ++i) f(s);
-  CK(cudaStreamEndCapture(s, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, s));
-  CK(cudaStreamSynchronize(s));
-  std::vector<float> t;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int r = 0; r < reps; ++r) {
-    CK(cudaEventRecord(a, s));
-    CK(cudaGraphLaunch(exec, s));
-    CK(cudaEventRecord(b, s));
-    CK(cudaEventSynchronize(b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.f / launches);
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  CK(cudaStreamDestroy(s));
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return graph_replay_ms([&](int, cudaStream_t s) { f(s); }, launches, reps, 3, 3) * 1000.f / launches;
 }
 
 static void bench_row(const char* what, int T, float prev_us, float new_us) {
@@ -1822,14 +1645,11 @@ int main(int argc, char** argv) {
     check_align_prev();
     CK(cudaDeviceSynchronize());
   }
-  int fails = 0;
-  for (auto& r : table) fails += !r.ok;
+  const int fails = failed_checks();
   if (do_bench) bench(cb);
   if (!only_bench) {
-    printf("\n%-26s %-58s %10s %8s\n", "kernel", "case", "err", "result");
-    for (auto& r : table)
-      printf("%-26s %-58s %10.2e %8s\n", r.name.c_str(), r.detail.c_str(), r.err, r.ok ? "ok" : "FAIL");
-    printf("small_check: %zu checks, %d failed\n", table.size(), fails);
+    print_table("err");
+    print_summary("small_check", fails);
   }
   cublasDestroy(cb);
   cudaFree(cublas_ws);
