@@ -363,6 +363,12 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
 // A 4-byte global load issued where it is written (the compiler would sink a
 // plain load below the early exits, lengthening the chain before the first KV
 // request).
+// griddepcontrol.wait: returns once the grid this one depends on (programmatic
+// dependent launch) has completed and its writes are visible; at once otherwise.
+__device__ __forceinline__ void dec_grid_wait() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 __device__ __forceinline__ int ld_early(const int* p) {
   int v;
   asm volatile("ld.volatile.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
@@ -517,6 +523,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
 
   if (ctx <= 0) {  // a padding sequence: zero output (and zero FP8 codes, minimum scale)
     if (split != 0) return;
+    dec_grid_wait();
     float4 acc[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -546,6 +553,28 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   };
   int ids = tile_ids(0);
   int ids_next = tile_ids(1);
+
+  // Launched with programmatic dependent launch, the kernel gets here while
+  // the previous one (q/k norm + RoPE + the new token's KV write) still runs:
+  // the metadata and block tables above are the step's and older, and so is
+  // every KV line but the new token's, which an L2 prefetch may touch early
+  // anyway (L2 is where writes land). The first tiles of this warp go to L2
+  // now; q, the KV itself, the outputs and the workspace wait for the grid
+  // before this one. (Without PDL the wait returns at once.)
+  {
+    const int np = min(nt, S);
+    for (int j = 0; j < np; ++j) {
+      const int id = __shfl_sync(0xffffffffu, ids, j);
+      const int key0 = k0 + kDecTile * (warp + kDecWarps * j);
+      const int64_t off = (((int64_t)id * a.n_kv_heads + kvh) * bs + (key0 % bs)) * kDecD;
+      // 16 keys x 256 B of K, then of V: one 128-byte line per lane each.
+      const char* kp = reinterpret_cast<const char*>(a.k_cache + off) + lane * 128;
+      const char* vp = reinterpret_cast<const char*>(a.v_cache + off) + lane * 128;
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(kp));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(vp));
+    }
+  }
+  dec_grid_wait();
 
   // Q as bf16 A fragments: rows = heads kvh*G + r (r >= G: zero), pre-scaled
   // so that scores are in log2 units. qa[kk] covers dims 16kk .. 16kk+15.
@@ -858,8 +887,22 @@ cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, cudaStream_t
   const int smem = kDecWarps * S * kDecStageBytes;
   cudaError_t e = dec_prepare<S>(smem);
   if (e != cudaSuccess) return e;
-  decode_attn_kernel<S><<<dim3(a.max_splits, a.n_kv_heads, a.n_seqs), kDecThreads, smem, st>>>(a, p);
-  return cudaGetLastError();
+  const dim3 grid(a.max_splits, a.n_kv_heads, a.n_seqs);
+  if (!a.pdl) {
+    decode_attn_kernel<S><<<grid, kDecThreads, smem, st>>>(a, p);
+    return cudaGetLastError();
+  }
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(kDecThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, decode_attn_kernel<S>, a, p);
 }
 
 }  // namespace

@@ -159,6 +159,11 @@ struct DecodeAttnArgs {
   float* out_scale = nullptr;              // [rows]
   void* workspace = nullptr;               // decode_attention_workspace_bytes(...) bytes, zeroed
                                            // once after allocation; each launch leaves it reusable
+  // 1: launched with programmatic dependent launch. The CTAs then start while
+  // the previous kernel runs (it must trigger its dependents early) and read
+  // the metadata and block tables and prefetch their first KV tiles into L2
+  // before waiting for it; everything else (q, KV, outputs, workspace) after.
+  int pdl = 0;
 };
 // Split policy (host): the most CTAs per (sequence, KV head) for a batch of
 // n_seqs on num_sms multiprocessors. Independent of context lengths, which the

@@ -504,6 +504,13 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
       a.out_scale = r.xs;
     }
     a.workspace = r.dec_ws;
+    // Up to 8 sequences, the metadata, block tables and first KV lines are
+    // fetched while the rope kernel runs (H200, 2026-11-24: batch 1 -2%, the
+    // kernel's cold start in the step is mostly L2 misses). Not for larger
+    // batches: launched early, the CTAs of a one-split grid pack onto the SMs
+    // rope leaves free (batch 128 / 16k: 43 -> 57 ms per step). Not under
+    // profiling, whose events sit between the kernels.
+    a.pdl = (e.prof.on || m.n_dec > 8) ? 0 : 1;
     KCHECK(glmk::attention_decode(a, r.stream), "layer %d: attention_decode (%d sequences, %d splits)",
            l, m.n_dec, m.dec_splits);
   }

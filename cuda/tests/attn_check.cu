@@ -1,7 +1,7 @@
 // attn_check — checks attention_decode (cuda/kernels/attention.cu) against a
 // float64 CPU reference of paged attention on fresh random inputs, and times it.
 //
-//   attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--json FILE]
+//   attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--json FILE]
 //
 // Correctness (default): random Q/K/V with per-sequence scales, shuffled block
 // ids, unused cache slots filled with NaN (a read past a context shows), ctx 0
@@ -468,6 +468,86 @@ static void check_graph() {
   CK(cudaStreamDestroy(s));
 }
 
+// Programmatic dependent launch: a writer kernel triggers its dependents at
+// once, spins ~30 us, then copies the live q and the whole K/V caches from
+// "new" buffers; attention_decode launched with pdl = 1 right after must
+// compute with the new values (its prologue reads only metadata and block
+// tables, and prefetches KV lines into L2, before griddepcontrol.wait). Eager
+// and inside a captured graph.
+__global__ void pdl_writer_kernel(const float* __restrict__ q_new, float* __restrict__ q, size_t nq,
+                                  const uint16_t* __restrict__ k_new, const uint16_t* __restrict__ v_new,
+                                  uint16_t* __restrict__ k, uint16_t* __restrict__ v, size_t nkv) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const long long t0 = clock64();
+  while (clock64() - t0 < 60000) {
+  }
+  const size_t i0 = blockIdx.x * (size_t)blockDim.x + threadIdx.x, step = (size_t)gridDim.x * blockDim.x;
+  for (size_t i = i0; i < nq; i += step) q[i] = q_new[i];
+  for (size_t i = i0; i < nkv; i += step) {
+    k[i] = k_new[i];
+    v[i] = v_new[i];
+  }
+}
+
+static void check_pdl() {
+  const int n = 4, G = 12;
+  std::vector<int> ctx = {2049, 17, 1000, 300};
+  Problem P = make_problem(ctx, G, 1, 16);
+  const auto ref = reference(P, 1.0f / std::sqrt(128.0f));
+  DevProblem D(P);
+  // Stale live values: the kernel must never compute with these.
+  std::vector<float> q_stale(P.q.size());
+  for (auto& x : q_stale) x = randn();
+  std::vector<uint16_t> kv_stale(P.kc.size());
+  for (auto& x : kv_stale) x = bf16_bits(randn());
+  Dev<float> q_new(P.q);
+  Dev<uint16_t> k_new(P.kc), v_new(P.vc);
+  const int splits = decode_attention_splits(n, 1, g_num_sms);
+  void* ws = workspace(decode_attention_workspace_bytes(n, G, 1, splits));
+  DecodeAttnArgs a = D.args(P, splits, true, true, ws);
+  a.pdl = 1;
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto pair = [&]() {
+    pdl_writer_kernel<<<132, 256, 0, s>>>(q_new.p, D.q.p, P.q.size(), k_new.p, v_new.p, D.kc.p, D.vc.p, P.kc.size());
+    CK(cudaGetLastError());
+    CK(attention_decode(a, s));
+  };
+  auto stale = [&]() {
+    D.q.up(q_stale);
+    D.kc.up(kv_stale);
+    D.vc.up(kv_stale);
+    D.poison();
+  };
+  for (int mode = 0; mode < 2; ++mode) {
+    stale();
+    if (mode == 0) {
+      pair();
+    } else {
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+      pair();
+      CK(cudaStreamEndCapture(s, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      stale();
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
+    }
+    CK(cudaStreamSynchronize(s));
+    const auto o = D.out.down();
+    const auto q8 = D.out_q.down();
+    const auto sc = D.out_scale.down();
+    const std::string what = fmt("pdl after a writer (%s): n=%d splits=%d fp8", mode ? "graph" : "eager", n, splits);
+    check_outputs("pdl", what, P, ref, o, &q8, &sc);
+    report_counters(what, {dirty_counters(g_ws, g_ws_bytes)});
+  }
+  CK(cudaStreamDestroy(s));
+}
+
 // The runtime's pattern: one workspace sized for the largest batch (the most
 // any batch size's policy split count needs, as cuda/runtime/memory.cu does),
 // zeroed once, then batch sizes in turn, each with its policy split count, so
@@ -695,6 +775,80 @@ static double time_old(BenchSetup& S, int reps) {
   });
 }
 
+// --- Cold-start experiment (--cold): why the kernel takes ~20 us inside a
+// decode step at batch 1 but ~10 us back-to-back. In the step, ten other
+// kernels (~320 KB of SASS) and gigabytes of weights run between two
+// attention launches. Here each attention launch follows an evictor: a kernel
+// with ~190 KB of straight-line code (instruction caches), optionally plus a
+// 256 MB memset (L2: the kernel's code, metadata, Q and partials then come
+// from HBM, as in the step). Attention time = (evictor + attention) - evictor.
+template <int N>
+__device__ __forceinline__ float chain(float x) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) x = fmaf(x, 1.0000001f, 0.5f);
+  return x;
+}
+__global__ void __launch_bounds__(128) evict_code_kernel(float* out, float seed) {
+  float x = seed + threadIdx.x;
+  x = chain<12000>(x);
+  if (x == 12345.f) out[threadIdx.x] = x;  // never true: keeps the chain alive
+}
+
+static void bench_cold() {
+  printf("\ncold-start experiment: per attention launch, after an evictor (20 pairs per graph)\n");
+  printf("%-12s %9s %11s %13s %9s %11s\n", "shape", "warm_us", "after_code", "after_code+L2", "code_us", "code+L2_us");
+  Dev<float> sink(128);
+  Dev<uint8_t> flush((size_t)256 << 20);
+  for (auto [B, C] : std::vector<std::pair<int, int>>{{1, 2048}, {1, 16384}, {16, 4096}, {64, 2048}}) {
+    const double bytes = (double)B * C * 2 * 128 * 2;
+    BenchSetup S(B, C, copies_for(bytes));
+    const int splits = decode_attention_splits(B, 1, g_num_sms);
+    Dev<uint8_t> ws(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, splits)));
+    CK(cudaMemset(ws.p, 0, ws.n));
+    auto attn = [&](int i, cudaStream_t st) {
+      DecodeAttnArgs a;
+      a.q = S.q.p;
+      a.k_cache = reinterpret_cast<const __nv_bfloat16*>(S.kc.p);
+      a.v_cache = reinterpret_cast<const __nv_bfloat16*>(S.vc.p);
+      a.block_size = 16;
+      a.n_q_heads = 12;
+      a.n_kv_heads = 1;
+      a.scale = 1.0f / std::sqrt(128.0f);
+      a.n_seqs = S.batch;
+      a.q_row = S.q_row.p;
+      a.ctx_len = S.ctx_len.p;
+      a.bt_offset = S.bt_off[i % S.copies]->p;
+      a.block_tables = S.bt.p;
+      a.max_splits = splits;
+      a.out = S.out.p;
+      a.out_q = S.out_q.p;
+      a.out_scale = S.out_scale.p;
+      a.workspace = ws.p;
+      CK(attention_decode(a, st));
+    };
+    auto evict = [&](cudaStream_t st, bool l2) {
+      evict_code_kernel<<<g_num_sms, 128, 0, st>>>(sink.p, 1.0f);
+      CK(cudaGetLastError());
+      if (l2) CK(cudaMemsetAsync(flush.p, 0, flush.n, st));
+    };
+    const int graphs = (S.copies + 19) / 20, reps = 15;
+    const double warm = time_graphs(graphs, std::max(reps, graphs), attn);
+    const double code_attn = time_graphs(graphs, std::max(reps, graphs), [&](int i, cudaStream_t st) {
+      evict(st, false);
+      attn(i, st);
+    });
+    const double code = time_graphs(1, reps, [&](int, cudaStream_t st) { evict(st, false); });
+    const double l2_attn = time_graphs(graphs, std::max(reps, graphs), [&](int i, cudaStream_t st) {
+      evict(st, true);
+      attn(i, st);
+    });
+    const double l2 = time_graphs(1, reps, [&](int, cudaStream_t st) { evict(st, true); });
+    char name[32];
+    snprintf(name, sizeof name, "b%d_c%d", B, C);
+    printf("%-12s %9.2f %11.2f %13.2f %9.2f %11.2f\n", name, warm, code_attn - code, l2_attn - l2, code, l2);
+  }
+}
+
 static std::vector<std::pair<int, int>> bench_shapes() {
   std::vector<std::pair<int, int>> v;
   for (int B : {1, 4, 16, 64, 128, 256}) {
@@ -798,16 +952,17 @@ static void sweep() {
 
 int main(int argc, char** argv) {
   uint64_t seed = 0xa77e;
-  bool do_bench = false, only_bench = false, do_sweep = false;
+  bool do_bench = false, only_bench = false, do_sweep = false, do_cold = false;
   const char* json = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
     else if (!strcmp(argv[i], "--sweep")) do_sweep = only_bench = true;
+    else if (!strcmp(argv[i], "--cold")) do_cold = only_bench = true;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else {
-      fprintf(stderr, "usage: attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--json FILE]\n");
+      fprintf(stderr, "usage: attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--json FILE]\n");
       return 2;
     }
   }
@@ -868,12 +1023,14 @@ int main(int argc, char** argv) {
     decode_attention_set_tuning(nullptr);
     check_shared_workspace();
     check_graph();
+    check_pdl();
     check_invalid();
     CK(cudaDeviceSynchronize());
   }
   const int fails = failed_checks();
   if (!only_bench || table.size()) print_summary("attn_check", fails);
   if (do_bench) bench(json);
+  if (do_cold) bench_cold();
   if (do_sweep) sweep();
   if (g_ws) cudaFree(g_ws);
   return fails ? 1 : 0;

@@ -122,8 +122,11 @@ func basisText(b *Basis) string {
 }
 
 // WriteText prints the header lines; the caller renders the table.
-func (r *Report) WriteText(w io.Writer) error {
-	for _, l := range r.HeaderLines() {
+func (r *Report) WriteText(w io.Writer) error { return writeTextHeader(w, r.HeaderLines()) }
+
+// writeTextHeader prints "key value" header lines and a blank line.
+func writeTextHeader(w io.Writer, lines [][2]string) error {
+	for _, l := range lines {
 		if _, err := fmt.Fprintf(w, "%-10s %s\n", l[0], l[1]); err != nil {
 			return err
 		}

@@ -57,15 +57,7 @@ func (r *StepReport) HeaderLines() [][2]string {
 }
 
 // WriteText prints the header lines; the caller renders the table.
-func (r *StepReport) WriteText(w io.Writer) error {
-	for _, l := range r.HeaderLines() {
-		if _, err := fmt.Fprintf(w, "%-10s %s\n", l[0], l[1]); err != nil {
-			return err
-		}
-	}
-	_, err := fmt.Fprintln(w)
-	return err
-}
+func (r *StepReport) WriteText(w io.Writer) error { return writeTextHeader(w, r.HeaderLines()) }
 
 // WriteMarkdown prints the header as a list, the grid as a markdown table
 // and each profiled cell's families, ready for docs/perf.md.
