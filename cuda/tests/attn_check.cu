@@ -709,29 +709,33 @@ static int copies_for(double bytes) {
   return bytes >= rot ? 1 : (int)std::ceil(rot / bytes);
 }
 
+// The bench's launch i of a BenchSetup (KV copy i % copies).
+static DecodeAttnArgs bench_args(BenchSetup& S, int splits, void* ws, int i) {
+  DecodeAttnArgs a;
+  a.q = S.q.p;
+  a.k_cache = reinterpret_cast<const __nv_bfloat16*>(S.kc.p);
+  a.v_cache = reinterpret_cast<const __nv_bfloat16*>(S.vc.p);
+  a.block_size = 16;
+  a.n_q_heads = 12;
+  a.n_kv_heads = 1;
+  a.scale = 1.0f / std::sqrt(128.0f);
+  a.n_seqs = S.batch;
+  a.q_row = S.q_row.p;
+  a.ctx_len = S.ctx_len.p;
+  a.bt_offset = S.bt_off[i % S.copies]->p;
+  a.block_tables = S.bt.p;
+  a.max_splits = splits;
+  a.out = S.out.p;
+  a.out_q = S.out_q.p;
+  a.out_scale = S.out_scale.p;
+  a.workspace = ws;
+  return a;
+}
+
 static double time_decode(BenchSetup& S, int splits, void* ws, int reps) {
   const int graphs = (S.copies + 19) / 20;
-  return time_graphs(graphs, std::max(reps, graphs), [&](int i, cudaStream_t st) {
-    DecodeAttnArgs a;
-    a.q = S.q.p;
-    a.k_cache = reinterpret_cast<const __nv_bfloat16*>(S.kc.p);
-    a.v_cache = reinterpret_cast<const __nv_bfloat16*>(S.vc.p);
-    a.block_size = 16;
-    a.n_q_heads = 12;
-    a.n_kv_heads = 1;
-    a.scale = 1.0f / std::sqrt(128.0f);
-    a.n_seqs = S.batch;
-    a.q_row = S.q_row.p;
-    a.ctx_len = S.ctx_len.p;
-    a.bt_offset = S.bt_off[i % S.copies]->p;
-    a.block_tables = S.bt.p;
-    a.max_splits = splits;
-    a.out = S.out.p;
-    a.out_q = S.out_q.p;
-    a.out_scale = S.out_scale.p;
-    a.workspace = ws;
-    CK(attention_decode(a, st));
-  });
+  return time_graphs(graphs, std::max(reps, graphs),
+                     [&](int i, cudaStream_t st) { CK(attention_decode(bench_args(S, splits, ws, i), st)); });
 }
 
 // The previous path: plan_attention items (split over keys) + attention_paged + attention_merge.
@@ -805,27 +809,7 @@ static void bench_cold() {
     const int splits = decode_attention_splits(B, 1, g_num_sms);
     Dev<uint8_t> ws(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, splits)));
     CK(cudaMemset(ws.p, 0, ws.n));
-    auto attn = [&](int i, cudaStream_t st) {
-      DecodeAttnArgs a;
-      a.q = S.q.p;
-      a.k_cache = reinterpret_cast<const __nv_bfloat16*>(S.kc.p);
-      a.v_cache = reinterpret_cast<const __nv_bfloat16*>(S.vc.p);
-      a.block_size = 16;
-      a.n_q_heads = 12;
-      a.n_kv_heads = 1;
-      a.scale = 1.0f / std::sqrt(128.0f);
-      a.n_seqs = S.batch;
-      a.q_row = S.q_row.p;
-      a.ctx_len = S.ctx_len.p;
-      a.bt_offset = S.bt_off[i % S.copies]->p;
-      a.block_tables = S.bt.p;
-      a.max_splits = splits;
-      a.out = S.out.p;
-      a.out_q = S.out_q.p;
-      a.out_scale = S.out_scale.p;
-      a.workspace = ws.p;
-      CK(attention_decode(a, st));
-    };
+    auto attn = [&](int i, cudaStream_t st) { CK(attention_decode(bench_args(S, splits, ws.p, i), st)); };
     auto evict = [&](cudaStream_t st, bool l2) {
       evict_code_kernel<<<g_num_sms, 128, 0, st>>>(sink.p, 1.0f);
       CK(cudaGetLastError());
