@@ -18,6 +18,7 @@ export CGO_ENABLED := 1
 
 -include mk/tokenizers.mk
 -include mk/cuda.mk
+include mk/python.mk
 TOKENIZERS_DEPS := $(if $(wildcard mk/tokenizers.mk),tokenizers-lib)
 
 .PHONY: all build test lint run gpu-tests gpu-check gpu-perf clean
@@ -27,9 +28,12 @@ all: build
 build: $(TOKENIZERS_DEPS)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/glmctl
 
-test: lint link-check cuda-check
-	$(GO) test -count=1 ./...
-	$(GO) test -count=1 -race ./pkg/engine/... ./pkg/sample/... ./pkg/server/... ./pkg/backend/...
+# Everything CI runs: lint, the link check, the CUDA compile+link with nvcc from
+# PyPI wheels, the goreleaser config check, and every Go test with the project's
+# Python environment first on PATH (the serve test runs the real openai client).
+test: lint link-check cuda-check release-check venv
+	PATH="$(VENV)/bin:$$PATH" $(GO) test -count=1 ./...
+	PATH="$(VENV)/bin:$$PATH" $(GO) test -count=1 -race ./pkg/engine/... ./pkg/sample/... ./pkg/server/... ./pkg/backend/...
 
 lint: $(TOKENIZERS_DEPS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

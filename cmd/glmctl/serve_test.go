@@ -168,10 +168,10 @@ func (p *serveProc) logLines(t *testing.T) []map[string]any {
 func testServeOpenAIClient(t *testing.T, bin string) {
 	py, err := exec.LookPath("python3")
 	if err != nil {
-		t.Fatal("python3 is not installed: this test runs the official openai client; install Python 3, then `python3 -m pip install openai`")
+		t.Fatal("python3 is not installed: this test runs the official openai client; install Python 3 and run the tests through `make test`, which puts the project's virtual environment (scripts/requirements-test.txt) first on PATH")
 	}
 	if out, err := exec.Command(py, "-c", "import openai").CombinedOutput(); err != nil {
-		t.Fatalf("the openai Python package is missing: run `python3 -m pip install openai` (%v: %s)", err, out)
+		t.Fatalf("the openai Python package is missing from %s: run the tests through `make test` (it installs scripts/requirements-test.txt into $GLMCTL_CACHE/venv and puts it first on PATH) (%v: %s)", py, err, out)
 	}
 	// The key comes from the config file, the served name from the
 	// environment, the rest from flags.
