@@ -4,7 +4,7 @@
 # (libglmcuda.so and the kernel test programs: `cuda/build.sh --check --tests
 # -o .carry/cuda`) carried from the development machine. Stages, in order:
 #
-#   check    kernel_check, attn_check, small_check against float64 references;
+#   check    kernel_check, attn_check, prefill_check, small_check against float64 references;
 #            the tiny models validated on CUDA (FP8 and exact); greedy tokens with
 #            CUDA graphs on and off (must be identical); the -tags gpu Go tests
 #   kernels  attention decode bench next to PyTorch SDPA on the same shapes;
@@ -16,6 +16,8 @@
 #   ncu      kernel durations of eager decode steps (6 layers) from ncu
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
+#   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes);
+#            time to first token of 2k and 8k prompts with a profile (issue 12)
 #
 #   scripts/gpu-perf.sh [stage ...]     (default: all stages)
 #
@@ -39,7 +41,7 @@ G="${GLMCTL:-bin/glmctl}"
 T="${STEP_TIMEOUT:-300}"
 PRE="${PREBUILT:-.carry/cuda}"
 stages=("$@")
-[[ ${#stages[@]} == 0 ]] && stages=(check kernels grid profile ncu e2e)
+[[ ${#stages[@]} == 0 ]] && stages=(check kernels grid profile ncu e2e prefill)
 want() { local s; for s in "${stages[@]}"; do [[ $s == "$1" ]] && return 0; done; return 1; }
 summary=(); status=0
 note() { summary+=("$1"); }
@@ -59,7 +61,7 @@ else
 fi
 
 if want check; then
-  for t in kernel_check attn_check small_check; do
+  for t in kernel_check attn_check prefill_check small_check; do
     if [[ ! -x "$PRE/$t" ]]; then fail "$t               missing in $PRE"; continue; fi
     if timeout "$T" "$PRE/$t" >"$LOG/$t.log" 2>&1; then note "$(printf '%-21s' $t) ok ($(grep -m1 -o '[0-9]* checks, [0-9]* failed' "$LOG/$t.log"))"
     else fail "$(printf '%-21s' $t) FAIL (see $t.log)"; grep -m12 FAIL "$LOG/$t.log"; tail -3 "$LOG/$t.log"; fi
@@ -149,8 +151,22 @@ if want e2e; then
   cp "$LOG/e2e.md" "$FINAL/" 2>/dev/null
 fi
 
+if want prefill; then
+  timeout "$T" "$PRE/prefill_check" --bench-only >"$LOG/prefill-bench.txt" 2>&1 || fail "prefill_check --bench FAIL"
+  timeout "$T" python3 scripts/peer_prefill.py >"$LOG/prefill-sdpa.txt" 2>&1 || fail "peer_prefill.py FAIL"
+  cp "$LOG/prefill-bench.txt" "$LOG/prefill-sdpa.txt" "$FINAL/" 2>/dev/null
+  for n in 2048 8192; do
+    if timeout "$T" "$G" bench "${SYN[@]}" --concurrency 1 --input-len $n --output-len 2 --requests 3 --warmup 1 \
+         --profile --markdown >"$LOG/ttft-$n.md" 2>"$LOG/ttft-$n.err"; then
+      note "bench TTFT $n         ok (ttft-$n.md)"
+    else fail "bench TTFT $n         FAIL"; tail -5 "$LOG/ttft-$n.err"; fi
+    cp "$LOG/ttft-$n.md" "$FINAL/" 2>/dev/null
+  done
+fi
+
 echo
-for f in grid.md profile-graphs-on.md e2e.md; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
+for f in ttft-2048.md ttft-8192.md grid.md profile-graphs-on.md e2e.md; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
+[[ -f "$LOG/prefill-bench.txt" ]] && { echo "==== prefill attention (ours, then SDPA)"; tail -12 "$LOG/prefill-bench.txt"; tail -11 "$LOG/prefill-sdpa.txt"; }
 [[ -f "$LOG/attn-bench.txt" ]] && { echo "==== attention (ours, then SDPA)"; tail -45 "$LOG/attn-bench.txt"; tail -40 "$LOG/sdpa.txt"; }
 echo; echo "==== gpu-perf ($(head -1 "$LOG/device.txt"))"
 printf '%s\n' "${summary[@]}"

@@ -13,6 +13,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
+#include <climits>
+#include <cmath>
+#include <vector>
 
 #include "common.cuh"
 
@@ -988,5 +991,569 @@ void decode_attention_set_tuning(const DecodeAttnTuning* t) {
   g_dec_tuning.direct_max = t->direct_max;
   g_dec_tuning.ctas_per_sm = t->ctas_per_sm;
 }
+
+
+// ==================================================================== prefill
+//
+// attention_prefill: causal flash attention for several new tokens per
+// sequence. One CTA (NW warps) per (work item, KV head); the item's rows
+// (row r = token r / G, head r % G of the KV head, see kernels.h) are the M
+// dimension of the mma, warp w owning rows [16*MT*w, 16*MT*(w+1)) as MT m16
+// tiles. The keys [k_begin, k_end) are cut into 64-key tiles (a 16-key group
+// never straddles a page: block_size % 16 == 0 and tiles start at multiples
+// of 64); each tile's K and V (16 KB each) go through an S-stage cp.async ring
+// shared by the whole CTA, one block barrier per tile. Per tile and warp:
+//   S[16MT x 64]  = Q . K^T        8 k-steps x 8 n-tiles x MT  mma m16n8k16
+//   P = exp2(S - m)                FP32 online softmax (log2 domain), causal
+//                                  mask key < min(pos(row) + 1, k_end)
+//   O[16MT x 128] += P(bf16) . V   4 k-steps x 16 n-tiles x MT
+// Q is scaled by scale*log2(e), rounded to bf16 once and kept in shared
+// memory (A fragments by ldmatrix each tile: registers hold O and S). K tiles
+// are the col-major B operand (ldmatrix), V tiles the row-major one
+// (ldmatrix.trans); Q, K and V rows are 256 bytes, XOR-swizzled per 16-byte
+// chunk (chunk c of row r at c ^ (r & 7)) as in attention_decode. A warp
+// skips tiles whose keys are all past its rows (the causal upper triangle)
+// and masks only tiles that reach past its first row's limit.
+// Block ids: every warp keeps, in lane i, the cache offset (in 16-key groups)
+// of group 32b + i of the item's keys (batch b = 8 tiles), loaded one batch
+// ahead, and the copy code reads them with __shfl_sync.
+// Split items (n_splits > 1) write their partial (O unnormalised, m in log2
+// units, l) per row into a workspace slot and count themselves on the item's
+// counter; the CTA that arrives last merges the pieces in split order and
+// writes the rows, then resets the counter (the workspace is zeroed once).
+namespace {
+
+constexpr int kPfD = 128;                        // head_dim
+constexpr int kPfBN = 64;                        // keys per tile
+constexpr int kPfTileBytes = kPfBN * kPfD * 2;   // 16 KB: K or V of one tile
+constexpr int kPfStageBytes = 2 * kPfTileBytes;  // K + V
+constexpr int kPfSlotFloats = kPfD + 4;          // a row's partial: O[128], m, l, 2 unused (528 B)
+constexpr size_t kPfCounterBytes = (size_t)kPrefillMaxCounters * sizeof(int);  // workspace header
+static_assert(kPfCounterBytes % 256 == 0, "slots stay 256-byte aligned");
+static_assert(kPrefillMaxRows == 128, "workspace slots sized for 128-row items");
+
+// Knobs (defaults; attn_check --sweep-prefill changes them through the hook
+// at the end of this part).
+struct PfTuning {
+  int rows = 128;             // rows per item: 128 (4 warps x 32 rows) or 64 (4 warps x 16 rows)
+  int stages = 2;             // K/V ring depth: 2 or 3 (smem 96 / 128 KB per CTA at 128 rows)
+  int min_split_tiles = 4;    // pieces of a split item have at least this many 64-key tiles
+  float split_frac = 0.5f;    // split target: split_frac * (tiles per SM); 0: never split
+};
+PfTuning g_pf_tuning;
+
+// The 10 ints of an item, loaded where written (volatile: not hoisted, so not
+// kept in registers across the key loop).
+__device__ __forceinline__ PrefillItem ld_item(const PrefillItem* p) {
+  static_assert(sizeof(PrefillItem) == 40, "PrefillItem layout");
+  const int* q = reinterpret_cast<const int*>(p);
+  int v[10];
+#pragma unroll
+  for (int i = 0; i < 10; ++i) asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v[i]) : "l"(q + i));
+  return PrefillItem{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
+}
+
+template <int MT, int NW, int S>
+__global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArgs a) {
+  static_assert(S >= 2 && S <= 4, "pipeline depth");
+  constexpr int NT = NW * 32;
+  constexpr int ROWS = 16 * MT * NW;            // rows per CTA
+  constexpr int WROWS = 16 * MT;                // rows per warp
+  constexpr int LD_ITERS = kPfBN * 16 / NT;     // 16-byte chunks per thread per tile (K; V the same)
+  static_assert(LD_ITERS * NT == kPfBN * 16 && NT % 16 == 0, "tile copy split");
+  extern __shared__ __align__(1024) unsigned char pf_smem[];
+
+  const PrefillItem it = a.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int n_kv = a.n_kv_heads;
+  const int G = a.n_q_heads / n_kv;
+  const int bs = a.block_size;
+  const int k_begin = it.k_begin, k_end = it.k_end;
+  const int n_tiles = (k_end - k_begin + kPfBN - 1) / kPfBN;
+  const int* bt = a.block_tables + a.seq_bt_offset[it.seq];
+  const __nv_bfloat16* kc = a.k_cache;
+  const __nv_bfloat16* vc = a.v_cache;
+  // Shared memory (pf_smem_bytes): Q [ROWS][256 B] | S x [K 16 KB | V 16 KB] |
+  // lim[ROWS] | flag, from a 256-byte aligned base (the ldmatrix addresses
+  // below XOR the chunk bits 4..7 of the address itself).
+  const uint32_t q_s = ((uint32_t)__cvta_generic_to_shared(pf_smem) + 255u) & ~255u;
+  const uint32_t kv_s = q_s + ROWS * 256;
+  int* lim_s = reinterpret_cast<int*>(pf_smem + (q_s - (uint32_t)__cvta_generic_to_shared(pf_smem)) + ROWS * 256 +
+                                      S * kPfStageBytes);
+  int* wlim_s = lim_s + ROWS;  // [NW][2]: a warp's smallest and largest lim
+  int* flag_s = wlim_s + 2 * NW;
+
+  // Cache offset, in 16-key groups of 128 dims (2048 elements), of group
+  // `lane` (lanes 0..3) of tile j, i.e. of keys k_begin + 64j + 16 lane ..
+  // (0 past k_end: never read). Loaded one tile ahead of its use.
+  auto tile_groups = [&](int j) -> int {
+    const int key = k_begin + kPfBN * j + 16 * lane;
+    if (lane >= 4 || key >= k_end) return 0;
+    const int pg = key / bs;
+    const int off = key - pg * bs;
+    return (int)(((int64_t)bt[pg] * n_kv + kvh) * (bs >> 4) + (off >> 4));
+  };
+
+  // Copies tile j (keys k_begin + 64j ..) into stage `stage`: thread copies
+  // 16-byte chunk (tid & 15) of keys (tid >> 4) + (NT/16) i of K and of V;
+  // keys >= k_end are zero-filled (and masked). gj: tile_groups(j).
+  auto issue = [&](int j, int stage, int gj) {
+    const int key0 = k_begin + kPfBN * j;
+    const uint32_t dst = kv_s + stage * kPfStageBytes;
+    const int c = tid & 15;
+#pragma unroll
+    for (int i = 0; i < LD_ITERS; ++i) {
+      const int kr = (tid >> 4) + (NT / 16) * i;  // key within the tile
+      const int grp = __shfl_sync(0xffffffffu, gj, kr >> 4);
+      const bool ok = key0 + kr < k_end;
+      const int64_t src = (int64_t)grp * (16 * kPfD) + (kr & 15) * kPfD + c * 8;
+      const uint32_t so = kr * 256 + ((c ^ (kr & 7)) << 4);
+      cp_async16_zfill(dst + so, ok ? kc + src : kc, ok ? 16 : 0);
+      cp_async16_zfill(dst + kPfTileBytes + so, ok ? vc + src : vc, ok ? 16 : 0);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {  // tiles 0 .. S-2
+    if (s < n_tiles) issue(s, s, tile_groups(s));
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  int gnext = tile_groups(S - 1);  // the next tile to issue
+
+  // Q rows -> bf16 (scaled to log2 units) in shared memory. Rows past the
+  // item repeat its last row (computed, never written).
+  {
+    const float qsc = a.scale * kLog2e;
+    for (int idx = tid; idx < ROWS * 16; idx += NT) {
+      const int r = idx >> 4, c = idx & 15;
+      const int f = it.row0 + min(r, it.n_rows - 1);
+      const int tq = f / G;
+      const int hh = f - tq * G;
+      const float4* src = reinterpret_cast<const float4*>(
+          a.q + ((int64_t)(it.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + hh) * kPfD + c * 8);
+      const float4 x0 = __ldg(src), x1 = __ldg(src + 1);
+      const uint32_t w0 = pack_bf16(x0.x * qsc, x0.y * qsc), w1 = pack_bf16(x0.z * qsc, x0.w * qsc);
+      const uint32_t w2 = pack_bf16(x1.x * qsc, x1.y * qsc), w3 = pack_bf16(x1.z * qsc, x1.w * qsc);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + r * 256 + ((c ^ (r & 7)) << 4)),
+                   "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                   : "memory");
+    }
+  }
+
+  // Row limits: row rr sees keys < lim_s[rr] = min(position + 1, k_end); wlim_s:
+  // the warp's smallest and largest (shared memory: registers are short in the
+  // key loop). Thread rows: (mt, h) -> warp row 16mt + 8h + g.
+  {
+  int wlo = INT_MAX, whi = 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = warp * WROWS + mt * 16 + h * 8 + g;
+      const int f = it.row0 + min(rr, it.n_rows - 1);
+      const int pos = a.positions[it.q_begin + f / G];
+      const int lim = min(pos + 1, k_end);
+      if (t == 0) lim_s[rr] = lim;
+      wlo = min(wlo, lim);
+      whi = max(whi, lim);
+    }
+  }
+  wlo = __reduce_min_sync(0xffffffffu, wlo);
+  whi = __reduce_max_sync(0xffffffffu, whi);
+  if (lane == 0) {
+    wlim_s[2 * warp] = wlo;
+    wlim_s[2 * warp + 1] = whi;
+  }
+  }
+
+  // ldmatrix lane addresses. Q (A, no trans): matrix mi = lane/8 is rows
+  // 8*(mi&1).., chunk 2kk + mi/2 -> a0..a3. K (B, no trans): matrix mi is keys
+  // 8*(mi/2).., chunk 2kk + (mi&1) -> b0/b1 of n-tiles 2np, 2np+1. V (B,
+  // trans): matrix mi is keys 8*(mi&1).., chunk 2nd2 + mi/2 -> b0/b1 of dim
+  // n-tiles 2nd2, 2nd2+1. Physical chunk = chunk ^ (row & 7) = chunk ^ (lane & 7)
+  // = 2kk ^ x with x = (chunk & 1) ^ (lane & 7) < 8, so the byte address is
+  // base(row) + (x << 4) XOR (kk << 5): bits 4..7 of base(row) are zero (rows
+  // of 256 bytes from a 256-byte aligned base), one XOR per step.
+  const uint32_t q_a = q_s + (uint32_t)((warp * WROWS + (lane & 15)) * 256) + (((lane >> 4) ^ (lane & 7)) << 4);
+  const uint32_t k_a = (uint32_t)((((lane >> 4) << 3) + (lane & 7)) * 256) + ((((lane >> 3) & 1) ^ (lane & 7)) << 4);
+  const uint32_t v_a =
+      (uint32_t)(((((lane >> 3) & 1) << 3) + (lane & 7)) * 256 + kPfTileBytes) + (((lane >> 4) ^ (lane & 7)) << 4);
+
+  float o[MT][16][4];
+  float m_r[MT][2], l_r[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nd = 0; nd < 16; ++nd) o[mt][nd][0] = o[mt][nd][1] = o[mt][nd][2] = o[mt][nd][3] = 0.f;
+    m_r[mt][0] = m_r[mt][1] = -INFINITY;
+    l_r[mt][0] = l_r[mt][1] = 0.f;
+  }
+
+  for (int j = 0; j < n_tiles; ++j) {
+    cp_async_wait<S - 2>();  // tile j has landed (this thread's copies)
+    __syncthreads();         // ... and every thread's (and Q); stage (j-1) % S is free
+    {
+      const int jn = j + S - 1;
+      if (jn < n_tiles) {
+        issue(jn, jn % S, gnext);
+        gnext = tile_groups(jn + 1);
+      }
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    const uint32_t kb = kv_s + (j % S) * kPfStageBytes;  // 256-byte aligned
+    const int key0 = k_begin + kPfBN * j;
+    if (key0 >= wlim_s[2 * warp + 1]) continue;  // every key of the tile is past every row of this warp
+
+    // S = Q K^T. Thread holds keys 8nt + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3]).
+    float sc[MT][8][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) sc[mt][nt][0] = sc[mt][nt][1] = sc[mt][nt][2] = sc[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        ldsm_x4((q_a ^ (uint32_t)(kk << 5)) + mt * 16 * 256, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(((kb + k_a) ^ (uint32_t)(kk << 5)) + np * 16 * 256, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16_16816(sc[mt][2 * np], qa[mt], b0, b1);
+          mma_bf16_16816(sc[mt][2 * np + 1], qa[mt], b2, b3);
+        }
+      }
+    }
+    if (key0 + kPfBN > wlim_s[2 * warp]) {  // some key of the tile is past some row: causal mask (and k_end)
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int lim = lim_s[warp * WROWS + mt * 16 + h * 8 + g] - key0 - 2 * t;  // visible: 8nt + e' < lim
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            if (nt * 8 >= lim) sc[mt][nt][2 * h] = -INFINITY;
+            if (nt * 8 + 1 >= lim) sc[mt][nt][2 * h + 1] = -INFINITY;
+          }
+        }
+    }
+    // Online softmax per row (the 4 threads of a quad share a row).
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(sc[mt][nt][2 * h], sc[mt][nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m_r[mt][h], mx);
+        const float mu = mn == -INFINITY ? 0.f : mn;  // a row with no visible key yet: p = 0
+        const float al = ex2(m_r[mt][h] - mu);        // 0 while m was -inf
+        m_r[mt][h] = mn;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const float p0 = ex2(sc[mt][nt][2 * h] - mu), p1 = ex2(sc[mt][nt][2 * h + 1] - mu);
+          sc[mt][nt][2 * h] = p0;
+          sc[mt][nt][2 * h + 1] = p1;
+          sum += p0 + p1;
+        }
+        l_r[mt][h] = l_r[mt][h] * al + sum;
+#pragma unroll
+        for (int nd = 0; nd < 16; ++nd) {
+          o[mt][nd][2 * h] *= al;
+          o[mt][nd][2 * h + 1] *= al;
+        }
+      }
+    }
+    // O += P V: P (C layout of S) is the A fragment directly.
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        pa[mt][0] = pack_bf16(sc[mt][2 * kk][0], sc[mt][2 * kk][1]);
+        pa[mt][1] = pack_bf16(sc[mt][2 * kk][2], sc[mt][2 * kk][3]);
+        pa[mt][2] = pack_bf16(sc[mt][2 * kk + 1][0], sc[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack_bf16(sc[mt][2 * kk + 1][2], sc[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int nd2 = 0; nd2 < 8; ++nd2) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_trans(((kb + v_a) ^ (uint32_t)(nd2 << 5)) + kk * 16 * 256, b0, b1, b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_bf16_16816(o[mt][2 * nd2], pa[mt], b0, b1);
+          mma_bf16_16816(o[mt][2 * nd2 + 1], pa[mt], b2, b3);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  // The item's output fields, read again (registers are short in the loop).
+  const PrefillItem ie = ld_item(a.items + blockIdx.x);
+
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_r[mt][h] += __shfl_xor_sync(0xffffffffu, l_r[mt][h], 1);
+      l_r[mt][h] += __shfl_xor_sync(0xffffffffu, l_r[mt][h], 2);
+    }
+
+  if (ie.n_splits <= 1) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int rr = warp * WROWS + mt * 16 + h * 8 + g;
+        if (rr >= ie.n_rows) continue;
+        const int f = ie.row0 + rr;
+        const int tq = f / G;
+        float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD +
+                     2 * t;
+        const float inv = l_r[mt][h] > 0.f ? 1.f / l_r[mt][h] : 0.f;
+#pragma unroll
+        for (int nd = 0; nd < 16; ++nd)
+          *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[mt][nd][2 * h] * inv, o[mt][nd][2 * h + 1] * inv);
+      }
+    return;
+  }
+
+  // ---- a piece of a split item: publish the partial, the last piece merges.
+  float* slots = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kPfCounterBytes);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = warp * WROWS + mt * 16 + h * 8 + g;
+      if (rr >= ie.n_rows) continue;
+      float* sp = slots + (((int64_t)ie.part * n_kv + kvh) * ROWS + rr) * kPfSlotFloats;
+#pragma unroll
+      for (int nd = 0; nd < 16; ++nd)
+        __stcg(reinterpret_cast<float2*>(sp + nd * 8 + 2 * t), make_float2(o[mt][nd][2 * h], o[mt][nd][2 * h + 1]));
+      if (t == 0) __stcg(reinterpret_cast<float2*>(sp + kPfD), make_float2(m_r[mt][h], l_r[mt][h]));
+    }
+  __threadfence();  // this thread's partial is visible device-wide before the count
+  __syncthreads();
+  if (tid == 0) {
+    int* cnt = static_cast<int*>(a.workspace) + ie.counter * n_kv + kvh;
+    const int old = atomicAdd(cnt, 1);
+    const int last = old == ie.n_splits - 1;
+    if (last) {
+      atomicExch(cnt, 0);  // ready for the next launch
+      __threadfence();     // the merge's loads below come after the count
+    }
+    *flag_s = last;
+  }
+  __syncthreads();
+  if (!*flag_s) return;
+  {
+    const int n = ie.n_splits;
+    const int64_t pstride = (int64_t)n_kv * ROWS * kPfSlotFloats;  // a row's slots of consecutive pieces
+    const float* s0 = slots + ((int64_t)ie.part0 * n_kv + kvh) * ROWS * kPfSlotFloats;
+    for (int idx = tid; idx < ie.n_rows * 32; idx += NT) {
+      const int r = idx >> 5, c4 = idx & 31;
+      const float* rp = s0 + (int64_t)r * kPfSlotFloats;
+      float M = -INFINITY;
+      for (int i = 0; i < n; ++i) M = fmaxf(M, __ldcg(rp + i * pstride + kPfD));
+      float L = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int i = 0; i < n; ++i) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2*>(rp + i * pstride + kPfD));
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(rp + i * pstride) + c4);
+        const float w = ml.x == -INFINITY ? 0.f : ex2(ml.x - M);
+        L += ml.y * w;
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      const int f = ie.row0 + r;
+      const int tq = f / G;
+      float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD;
+      reinterpret_cast<float4*>(dst)[c4] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    }
+  }
+}
+
+// cudaFuncSetAttribute once per device and kernel instantiation.
+template <int MT, int NW, int S>
+cudaError_t pf_prepare(int smem) {
+  static std::atomic<unsigned long long> done{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+  if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
+  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e != cudaSuccess) return e;
+  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                           (int)cudaSharedmemCarveoutMaxShared);
+  if (e != cudaSuccess) return e;
+  done.fetch_or(bit, std::memory_order_relaxed);
+  return cudaSuccess;
+}
+
+template <int MT, int NW, int S>
+cudaError_t pf_launch(const PrefillAttnArgs& a, cudaStream_t st) {
+  constexpr int rows = 16 * MT * NW;
+  constexpr int smem = 256 + rows * 256 + S * kPfStageBytes + rows * 4 + 2 * NW * 4 + 16;  // the kernel's layout
+  cudaError_t e = pf_prepare<MT, NW, S>(smem);
+  if (e != cudaSuccess) return e;
+  prefill_attn_kernel<MT, NW, S><<<dim3(a.n_items, a.n_kv_heads), NW * 32, smem, st>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool attention_prefill_supported(int n_q_heads, int n_kv_heads, int block_size) {
+  return n_kv_heads > 0 && n_kv_heads <= 65535 && n_q_heads > 0 && n_q_heads % n_kv_heads == 0 &&
+         block_size > 0 && block_size % 16 == 0;
+}
+
+int attention_prefill_max_items(int max_tokens, int max_seqs, int G, int max_parts) {
+  // Items of >= 64 rows: sum_s ceil(n_q_s G / 64) <= max_tokens G / 64 + n_seqs; each
+  // piece of a split adds at most one item.
+  const long long n = ((long long)std::max(0, max_tokens) * std::max(1, G) + 63) / 64 + std::max(0, max_seqs) +
+                      std::max(0, max_parts);
+  return (int)std::min<long long>(n, INT_MAX);
+}
+
+size_t attention_prefill_workspace_bytes(int max_parts, int n_kv_heads) {
+  if (max_parts <= 0 || n_kv_heads <= 0) return 0;
+  return kPfCounterBytes + (size_t)max_parts * n_kv_heads * kPrefillMaxRows * kPfSlotFloats * sizeof(float);
+}
+
+bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, int num_sms, PrefillPlan* plan,
+                  const char** why, const int* seq_index) {
+  plan->n_items = plan->n_parts = plan->n_merges = 0;
+  const PfTuning tu = g_pf_tuning;
+  const int R = tu.rows == 64 ? 64 : 128;
+  plan->rows = R;
+  if (G < 1 || n_kv_heads < 1) {
+    *why = "prefill attention: bad head counts";
+    return false;
+  }
+  if (num_sms <= 0) num_sms = 132;
+  struct Blk {
+    int s, row0, n_rows, k_end, tiles, n, part0, counter;
+  };
+  static thread_local std::vector<Blk> blk;
+  static thread_local std::vector<int> order;
+  blk.clear();
+  double W = 0;  // 64-key tiles of the step, per KV head
+  for (int s = 0; s < n_seqs; ++s) {
+    const AttnSeqDesc& d = seqs[s];
+    if (d.n_q <= 0) continue;
+    const long long rows = (long long)d.n_q * G;
+    if (rows > INT_MAX / 2 || d.start_pos < 0 || (long long)d.start_pos + d.n_q > INT_MAX / 2) {
+      *why = "prefill attention: sequence too long";
+      return false;
+    }
+    for (long long r0 = 0; r0 < rows; r0 += R) {
+      const int nr = (int)std::min<long long>(R, rows - r0);
+      const int last = (int)((r0 + nr - 1) / G);  // the item's last token
+      const int k_end = d.start_pos + last + 1;
+      const int tiles = (k_end + kPfBN - 1) / kPfBN;
+      blk.push_back(Blk{s, (int)r0, nr, k_end, tiles, 1, 0, 0});
+      W += tiles;
+    }
+  }
+  if ((long long)blk.size() > plan->max_items) {
+    *why = "prefill attention work items exceed the planned capacity";
+    return false;
+  }
+  // Splits, heaviest items first, while items, slots and counters last.
+  if (tu.split_frac > 0.f && plan->max_parts > 1 && !blk.empty()) {
+    const double per_sm = W * n_kv_heads / num_sms;
+    const int target = std::max(std::max(1, tu.min_split_tiles), (int)std::ceil(tu.split_frac * per_sm));
+    order.resize(blk.size());
+    for (size_t i = 0; i < blk.size(); ++i) order[i] = (int)i;
+    std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return blk[x].tiles > blk[y].tiles; });
+    int spare = plan->max_items - (int)blk.size();
+    const int max_merges = kPrefillMaxCounters / n_kv_heads;
+    for (int i : order) {
+      Blk& b = blk[i];
+      int n = (b.tiles + target - 1) / target;
+      if (n <= 1) break;  // the rest are lighter
+      n = std::min(std::min(n, kPrefillMaxSplits), std::min(spare + 1, plan->max_parts - plan->n_parts));
+      if (n <= 1 || plan->n_merges >= max_merges) continue;
+      const int per = (b.tiles + n - 1) / n;
+      n = (b.tiles + per - 1) / per;  // pieces really made
+      if (n <= 1) continue;
+      b.n = n;
+      b.part0 = plan->n_parts;
+      b.counter = plan->n_merges;
+      spare -= n - 1;
+      plan->n_parts += n;
+      ++plan->n_merges;
+    }
+  }
+  PrefillItem* out = plan->items;
+  int ni = 0;
+  for (const Blk& b : blk) {
+    const int seq = seq_index ? seq_index[b.s] : b.s;
+    const int qb = seqs[b.s].q_begin;
+    if (b.n == 1) {
+      out[ni++] = PrefillItem{seq, qb, b.row0, b.n_rows, 0, b.k_end, 1, 0, 0, 0};
+      continue;
+    }
+    const int per = (b.tiles + b.n - 1) / b.n;
+    for (int c = 0; c < b.n; ++c)
+      out[ni++] = PrefillItem{seq,         qb,   b.row0,           b.n_rows, c * per * kPfBN,
+                              std::min(b.k_end, (c + 1) * per * kPfBN), b.n, b.part0 + c, b.part0, b.counter};
+  }
+  plan->n_items = ni;
+  // Heaviest first: the longest key ranges start first and the short ones fill in.
+  std::stable_sort(out, out + ni, [](const PrefillItem& x, const PrefillItem& y) {
+    return x.k_end - x.k_begin > y.k_end - y.k_begin;
+  });
+  return true;
+}
+
+cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
+  if (!attention_prefill_supported(a.n_q_heads, a.n_kv_heads, a.block_size)) return cudaErrorInvalidValue;
+  if (a.rows != 64 && a.rows != 128) return cudaErrorInvalidValue;
+  if (a.n_items < 0 || a.n_parts < 0) return cudaErrorInvalidValue;
+  if (a.n_items == 0) return cudaSuccess;
+  if (!a.q || !a.k_cache || !a.v_cache || !a.positions || !a.seq_bt_offset || !a.block_tables || !a.items ||
+      !a.out)
+    return cudaErrorInvalidValue;
+  if (a.n_parts > 0 && !a.workspace) return cudaErrorInvalidValue;
+  const int stages = g_pf_tuning.stages == 3 ? 3 : 2;
+  if (a.rows == 128) return stages == 3 ? pf_launch<2, 4, 3>(a, st) : pf_launch<2, 4, 2>(a, st);
+  return stages == 3 ? pf_launch<1, 4, 3>(a, st) : pf_launch<1, 4, 2>(a, st);
+}
+
+// Test / bench hook (not in kernels.h; attn_check declares it): the knobs of
+// plan_prefill / attention_prefill. Not thread-safe; the runtime never calls it.
+struct PrefillAttnTuning {
+  int rows, stages, min_split_tiles;
+  float split_frac;
+};
+void prefill_attention_get_tuning(PrefillAttnTuning* t) {
+  *t = {g_pf_tuning.rows, g_pf_tuning.stages, g_pf_tuning.min_split_tiles, g_pf_tuning.split_frac};
+}
+void prefill_attention_set_tuning(const PrefillAttnTuning* t) {
+  if (!t) {
+    g_pf_tuning = PfTuning{};
+    return;
+  }
+  g_pf_tuning.rows = t->rows;
+  g_pf_tuning.stages = t->stages;
+  g_pf_tuning.min_split_tiles = t->min_split_tiles;
+  g_pf_tuning.split_frac = t->split_frac;
+}
+// Bytes at the start of every attention_prefill workspace that hold the merge
+// counters; all zero between launches.
+size_t prefill_attention_counter_bytes() { return kPfCounterBytes; }
 
 }  // namespace glmk

@@ -127,6 +127,98 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
                             const float* part_o, const float* part_ml, float* out,
                             cudaStream_t st);
 
+// ----------------------------------------------------- attention.cu: prefill
+// Prefill attention (several new tokens per sequence: whole prompts, chunked
+// prefill, prefix-cache hits) over the paged BF16 KV cache, causal, flash
+// style on tensor cores (bf16 mma.sync m16n8k16, FP32 accumulate and online
+// softmax in FP32, exp2 with the scale folded into Q).
+//
+// Rows. For one KV head the G = n_q_heads / n_kv_heads query heads of every
+// new token of a sequence form the sequence's query rows, in order:
+//   row r  <->  token q_begin + r / G (of the step), head kvh * G + r % G.
+// A work item covers `rows` (the plan's: 128, or 64) consecutive rows of one
+// sequence (the last item of a sequence fewer; a token's heads may straddle
+// two items), and a CTA (item, KV head) loads each 64-key K/V tile once for
+// all of them. Its keys are [k_begin, k_end) with k_end <= the position of
+// its last token + 1; row r attends keys <= positions[its token] (and <
+// k_end). K/V of the new tokens must already be in the cache (the RoPE kernel
+// writes them before attention).
+//
+// Splits. When the step has too little work per SM, the heaviest items are
+// split over keys (whole 64-key tiles) into n_splits pieces; each writes its
+// partial (O unnormalised, m, l) to the workspace, and the CTA that finishes
+// last merges the pieces in split order (deterministic) and writes the rows.
+// Items run heaviest first (longest key range first).
+constexpr int kPrefillMaxRows = 128;       // most rows per item (workspace slots are this tall)
+constexpr int kPrefillMaxCounters = 8192;  // merge counters: n_merges * n_kv_heads <= this
+constexpr int kPrefillMaxSplits = 64;      // most pieces per split item
+struct PrefillItem {
+  int seq;           // index into seq_bt_offset
+  int q_begin;       // step token (row of q, out, positions) of the sequence's first new token
+  int row0, n_rows;  // the item's rows [row0, row0 + n_rows) of the sequence (see above)
+  int k_begin, k_end;  // keys; k_begin a multiple of 64
+  int n_splits;      // 1: writes the normalised output; > 1: one piece of a split item
+  int part;          // n_splits > 1: this piece's workspace slot
+  int part0;         // n_splits > 1: the first slot of the item (pieces use part0 .. part0+n_splits-1)
+  int counter;       // n_splits > 1: the item's merge counter (0 .. n_merges-1)
+};
+struct PrefillAttnArgs {
+  const float* q = nullptr;                // [T, n_q_heads, 128] FP32, RoPE applied
+  const __nv_bfloat16* k_cache = nullptr;  // [blocks][n_kv_heads][block_size][128]
+  const __nv_bfloat16* v_cache = nullptr;
+  int block_size = 16;                     // a multiple of 16
+  int n_q_heads = 0, n_kv_heads = 0;       // n_q_heads % n_kv_heads == 0 (any G)
+  float scale = 0;                         // softmax scale, 1/sqrt(128)
+  const int* positions = nullptr;          // [T]: position of each step token (start_pos + i)
+  const int* seq_bt_offset = nullptr;      // [seqs] offset of a sequence's table in block_tables
+  const int* block_tables = nullptr;
+  const PrefillItem* items = nullptr;      // device copy of the plan's items
+  int n_items = 0;                         // plan.n_items (grid: n_items x n_kv_heads)
+  int rows = 0;                            // plan.rows
+  int n_parts = 0;                         // plan.n_parts (> 0: the items include split pieces)
+  float* out = nullptr;                    // [T, n_q_heads * 128] FP32 (only the items' rows written)
+  void* workspace = nullptr;               // attention_prefill_workspace_bytes(plan.max_parts,
+                                           // n_kv_heads) bytes, zeroed once after allocation;
+                                           // each launch leaves it reusable. Unused without splits.
+};
+// Whether attention_prefill takes this shape (block_size % 16 == 0, head_dim
+// 128, n_q_heads % n_kv_heads == 0, n_kv_heads <= 65535); otherwise use
+// plan_attention + attention_paged.
+bool attention_prefill_supported(int n_q_heads, int n_kv_heads, int block_size);
+
+// Host-side planner. For each sequence (seqs[s]: q_begin, n_q new tokens at
+// start_pos; n_q == 0 is skipped) items of plan->rows rows (see above), keys
+// [0, start_pos + last token of the item + 1). Split policy: with W the
+// step's 64-key tiles summed over items and KV heads, an item of more than
+// target = max(min_split_tiles, split_frac * W / num_sms) tiles is split into
+// ceil(tiles / target) pieces (at most kPrefillMaxSplits), heaviest items
+// first, while capacity lasts. Capacities (set by the caller):
+//   max_items: items written to `items` (host array). Without splits a step
+//     needs sum_s ceil(n_q_s * G / rows) items; more: returns false ("work
+//     items exceed the planned capacity"). Each split adds n_splits - 1 items;
+//     splits never make the plan fail (an item that does not fit stays whole).
+//   max_parts: workspace slots for pieces (the workspace was sized for it);
+//     0: never split.
+//   merge counters: n_merges * n_kv_heads <= kPrefillMaxCounters.
+// attention_prefill_max_items gives a max_items that always suffices.
+// seq_index (optional): item.seq = seq_index[s] (the index of seqs[s] in
+// seq_bt_offset); null: item.seq = s. Items are ordered heaviest first.
+// num_sms: multiprocessors of the GPU (the split policy); <= 0: 132.
+struct PrefillPlan {
+  PrefillItem* items = nullptr;  // host array
+  int max_items = 0;
+  int max_parts = 0;
+  int n_items = 0, n_parts = 0, n_merges = 0;  // out
+  int rows = 0;                                // out: rows per item (PrefillAttnArgs::rows)
+};
+bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, int num_sms,
+                  PrefillPlan* plan, const char** why, const int* seq_index = nullptr);
+int attention_prefill_max_items(int max_tokens, int max_seqs, int G, int max_parts);
+size_t attention_prefill_workspace_bytes(int max_parts, int n_kv_heads);
+// cudaErrorInvalidValue for shapes it does not take (see attention_prefill_supported,
+// rows not a kernel's, a split plan without workspace, null pointers).
+cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st);
+
 // ------------------------------------------------------ attention.cu: decode
 // Decode attention (flash-decoding) over the paged BF16 KV cache: one query
 // token per sequence; all G = n_q_heads / n_kv_heads query heads of a KV head
@@ -136,7 +228,8 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
 // changes from step to step (context lengths, block tables, rows) is read from
 // device memory: the launch depends only on n_seqs, n_kv_heads and max_splits,
 // so it can be captured in a CUDA graph once per batch size and replayed.
-// Prefill chunks (several query tokens of a sequence) use attention_paged.
+// Prefill chunks (several query tokens of a sequence) use attention_prefill (or,
+// for shapes it does not take, attention_paged).
 constexpr int kDecodeMaxGroup = 16;  // query heads per KV head the decode kernel takes
 struct DecodeAttnArgs {
   const float* q = nullptr;                // [rows, n_q_heads, 128] FP32, RoPE applied

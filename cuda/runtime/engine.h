@@ -116,6 +116,7 @@ struct Rank {
   float* logits = nullptr;         // [max_seqs, V] (rank 0)
   unsigned char* meta = nullptr;   // the step's metadata (device copy)
   void* dec_ws = nullptr;          // attention_decode workspace (zeroed at create)
+  void* pf_ws = nullptr;           // attention_prefill workspace (zeroed at create; prefill_tc)
   void* router_ws = nullptr;       // router_fused workspace (zeroed at create)
   int* prof_active = nullptr;      // [L] experts hit per layer (profiling)
   // The shared expert as a dense MLP (steps of more than a few rows).
@@ -181,6 +182,13 @@ struct Engine {
   Dims d{};
   int tp = 1, block_size = 16, num_blocks = 0, max_tokens = 0, max_seqs = 0, max_blocks_per_seq = 0;
   int max_pen = 0, max_items = 0, max_merges = 0, max_parts = 0, sample_chunk = 0;
+  // Prefill tokens (several new tokens of a sequence) go through attention_prefill
+  // (tensor cores, BF16 cache) when prefill_tc, else attention_paged (the FP32
+  // validation paths). pf_max_items / pf_max_parts: its plan's capacities.
+  bool prefill_tc = false;
+  int pf_max_items = 0, pf_max_parts = 0;
+  size_t pf_ws_bytes = 0;
+  std::vector<glmk::PrefillItem> pf_items;
   std::vector<Rank> ranks;
   glmc::Comm comm;
   std::unordered_map<std::string, int> names;  // checkpoint name -> index in pieces
@@ -196,6 +204,7 @@ struct Engine {
   unsigned char* result_host = nullptr;  // SampleOut + top arrays
   size_t result_bytes = 0;
   std::vector<glmk::AttnSeqDesc> attn_seqs;
+  std::vector<int> attn_seq_index;  // the batch's index of each attn_seqs entry
   std::vector<glmk::AttnItem> attn_items;
   std::vector<glmk::AttnMerge> attn_merges;
   std::vector<int> logits_seq;  // seq index of each logits row

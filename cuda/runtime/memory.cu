@@ -142,6 +142,15 @@ int check_config(Engine& e) {
   e.max_merges = e.max_seqs;
   e.max_parts = std::max(64, e.max_seqs) * 4;
   e.max_items = e.max_tokens + e.max_seqs * glmk::kAttnMaxSplits;
+  // attention_prefill: at most 512 split pieces per step (a 2k prompt on a
+  // 132-SM GPU uses ~300; past the cap items just stay whole), 66 KB of
+  // workspace per piece and KV head.
+  e.prefill_tc = !e.exact && !e.f32kv && glmk::attention_prefill_supported(d.nq_l, d.nkv_l, e.block_size);
+  e.pf_max_parts = e.prefill_tc ? 512 : 0;
+  e.pf_max_items = e.prefill_tc ? glmk::attention_prefill_max_items(e.max_tokens, e.max_seqs, d.nq / d.nkv,
+                                                                    e.pf_max_parts)
+                                : 0;
+  e.pf_ws_bytes = glmk::attention_prefill_workspace_bytes(e.pf_max_parts, d.nkv_l);
   e.sample_chunk = std::min(e.max_seqs, 32);
   return GLMRT_OK;
 }
@@ -289,6 +298,10 @@ int alloc_workspaces(Engine& e, Rank& r) {
   }
   GLMRT_TRY(A((unsigned char**)&r.dec_ws, e.dec_ws_bytes, "decode attention workspace"));
   GLMRT_CUDA(cudaMemset(r.dec_ws, 0, e.dec_ws_bytes), "zero the decode attention workspace");
+  if (e.pf_ws_bytes > 0) {
+    GLMRT_TRY(A((unsigned char**)&r.pf_ws, e.pf_ws_bytes, "prefill attention workspace"));
+    GLMRT_CUDA(cudaMemset(r.pf_ws, 0, e.pf_ws_bytes), "zero the prefill attention workspace");
+  }
   if (d.E > 0) {
     e.router_ws_bytes = glmk::router_fused_workspace_bytes(e.max_tokens, d.E);
     GLMRT_TRY(A((unsigned char**)&r.router_ws, e.router_ws_bytes, "router workspace"));
@@ -448,7 +461,9 @@ int create_engine(Engine& e) {
   e.step_graphs.assign(e.buckets.size(), StepGraph{});
   e.prof_graphs.assign(e.buckets.size(), StepGraph{});
   e.attn_seqs.reserve(e.max_seqs);
+  e.attn_seq_index.reserve(e.max_seqs);
   e.attn_items.resize(e.max_items);
+  e.pf_items.resize(e.pf_max_items);
   e.attn_merges.resize(e.max_merges);
   e.logits_seq.reserve(e.max_seqs);
   return GLMRT_OK;

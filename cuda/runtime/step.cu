@@ -31,6 +31,7 @@ struct Meta {
   bool graph = false; // a pure-decode step replayed from (or captured into) a CUDA graph
   int bucket = -1;    // index into e.buckets when graph
   int n_logits = 0, n_items = 0, n_merges = 0, n_pen = 0, n_seg = 0;
+  int pf_rows = 0, pf_parts = 0;  // attention_prefill plan (e.prefill_tc): rows per item, split pieces
   int n_dec = 0;      // sequences attention_decode takes (graph: the bucket, padded)
   int dec_splits = 1;
   bool dec_quant = false;  // attention_decode also writes the FP8 attention output
@@ -214,6 +215,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   const bool dec_ok = decode_kernel_ok(e);
   e.logits_seq.clear();
   e.attn_seqs.clear();
+  e.attn_seq_index.clear();
   m.n_dec = 0;
   m.kv_read_tokens = 0;
   int t = 0;
@@ -228,6 +230,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       ++m.n_dec;
     } else {
       e.attn_seqs.push_back(glmk::AttnSeqDesc{t, q.n_tokens, q.start_pos});
+      e.attn_seq_index.push_back(s);  // the planners number sequences in attn_seqs; tables are by s
     }
     for (int i = 0; i < q.n_tokens; ++i, ++t) {
       const int p = q.start_pos + i;
@@ -269,17 +272,36 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
     off += al(bytes);
     return o;
   };
-  glmk::AttnPlan plan{e.attn_items.data(), e.max_items, 0, e.attn_merges.data(), e.max_merges, 0,
-                      e.max_parts, 0};
   const char* why = "";
-  if (!glmk::plan_attention(e.attn_seqs.data(), (int)e.attn_seqs.size(), e.d.nq / e.d.nkv, &plan, &why))
-    return fail(GLMRT_ERR_INVALID, "attention plan: %s", why);
-  m.n_items = plan.n_items;
-  m.n_merges = plan.n_merges;
-  m.items = take((size_t)m.n_items * sizeof(glmk::AttnItem));
-  m.merges = take((size_t)m.n_merges * sizeof(glmk::AttnMerge));
-  memcpy(at<glmk::AttnItem>(H, m.items), e.attn_items.data(), (size_t)m.n_items * sizeof(glmk::AttnItem));
-  memcpy(at<glmk::AttnMerge>(H, m.merges), e.attn_merges.data(), (size_t)m.n_merges * sizeof(glmk::AttnMerge));
+  if (e.prefill_tc) {
+    glmk::PrefillPlan plan;
+    plan.items = e.pf_items.data();
+    plan.max_items = e.pf_max_items;
+    plan.max_parts = e.pf_max_parts;
+    if (!glmk::plan_prefill(e.attn_seqs.data(), (int)e.attn_seqs.size(), e.d.nq / e.d.nkv, e.d.nkv_l,
+                            e.ranks[0].num_sms, &plan, &why, e.attn_seq_index.data()))
+      return fail(GLMRT_ERR_INVALID, "prefill attention plan: %s", why);
+    m.n_items = plan.n_items;
+    m.n_merges = 0;
+    m.pf_rows = plan.rows;
+    m.pf_parts = plan.n_parts;
+    m.items = take((size_t)m.n_items * sizeof(glmk::PrefillItem));
+    m.merges = take(0);
+    memcpy(at<glmk::PrefillItem>(H, m.items), e.pf_items.data(), (size_t)m.n_items * sizeof(glmk::PrefillItem));
+  } else {
+    glmk::AttnPlan plan{e.attn_items.data(), e.max_items, 0, e.attn_merges.data(), e.max_merges, 0,
+                        e.max_parts, 0};
+    if (!glmk::plan_attention(e.attn_seqs.data(), (int)e.attn_seqs.size(), e.d.nq / e.d.nkv, &plan, &why))
+      return fail(GLMRT_ERR_INVALID, "attention plan: %s", why);
+    m.n_items = plan.n_items;
+    m.n_merges = plan.n_merges;
+    for (int i = 0; i < m.n_items; ++i) e.attn_items[i].seq = e.attn_seq_index[e.attn_items[i].seq];
+    m.items = take((size_t)m.n_items * sizeof(glmk::AttnItem));
+    m.merges = take((size_t)m.n_merges * sizeof(glmk::AttnMerge));
+    memcpy(at<glmk::AttnItem>(H, m.items), e.attn_items.data(), (size_t)m.n_items * sizeof(glmk::AttnItem));
+    memcpy(at<glmk::AttnMerge>(H, m.merges), e.attn_merges.data(),
+           (size_t)m.n_merges * sizeof(glmk::AttnMerge));
+  }
   m.samples = take((size_t)m.n_logits * sizeof(glmk::SampleRow));
   int n_pen = 0;
   for (int i = 0; i < m.n_logits; ++i) {
@@ -514,7 +536,27 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     KCHECK(glmk::attention_decode(a, r.stream), "layer %d: attention_decode (%d sequences, %d splits)",
            l, m.n_dec, m.dec_splits);
   }
-  if (m.n_items > 0) {
+  if (m.n_items > 0 && e.prefill_tc) {
+    glmk::PrefillAttnArgs a;
+    a.q = r.q;
+    a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
+    a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
+    a.block_size = e.block_size;
+    a.n_q_heads = d.nq_l;
+    a.n_kv_heads = d.nkv_l;
+    a.scale = scale;
+    a.positions = at<int>(M, ML.positions);
+    a.seq_bt_offset = at<int>(M, ML.bt_off);
+    a.block_tables = at<int>(M, ML.bt);
+    a.items = at<glmk::PrefillItem>(M, m.items);
+    a.n_items = m.n_items;
+    a.rows = m.pf_rows;
+    a.n_parts = m.pf_parts;
+    a.out = r.attn;
+    a.workspace = r.pf_ws;
+    KCHECK(glmk::attention_prefill(a, r.stream), "layer %d: attention_prefill (%d items, %d pieces)", l,
+           m.n_items, m.pf_parts);
+  } else if (m.n_items > 0) {
     glmk::AttnArgs a;
     a.q = r.q;
     a.k_cache = L.k_cache;
@@ -877,8 +919,10 @@ void plan_meta_layout(Engine& e) {
   L.n_valid = take(4);
   L.bt = take(S * (size_t)e.max_blocks_per_seq * 4);
   L.b_begin = off;
-  take((size_t)e.max_items * sizeof(glmk::AttnItem));
-  take((size_t)e.max_merges * sizeof(glmk::AttnMerge));
+  // The prefill attention plan: attention_prefill's items, or attention_paged's
+  // items and merges.
+  take(std::max(al((size_t)e.max_items * sizeof(glmk::AttnItem)) + al((size_t)e.max_merges * sizeof(glmk::AttnMerge)),
+                (size_t)e.pf_max_items * sizeof(glmk::PrefillItem)));
   take(S * sizeof(glmk::SampleRow));
   for (int i = 0; i < 4; ++i) take((size_t)e.max_pen * 4);  // penalty row, token, prompt, output
   take(S * 4);

@@ -141,6 +141,17 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	writeMDHeader(&b, r.HeaderLines())
 	writeMDTable(&b, r.Columns(), r.TableRows())
+	var bandwidth float64
+	if r.Header.Floor != nil {
+		bandwidth = r.Header.Floor.Bandwidth.BytesPerSecond
+	}
+	for _, run := range r.Runs {
+		if run.Profile == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "\nProfile, concurrency %d (prefill and decode steps): GPU %s µs per step\n\n", run.Concurrency, num(run.Profile.StepUs))
+		writeMDTable(&b, ProfileColumns(), run.Profile.ProfileRows(bandwidth))
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
 }

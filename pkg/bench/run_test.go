@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -210,6 +211,16 @@ func TestRunTinyCPU(t *testing.T) {
 	}
 	if !strings.Contains(md.String(), "`glmctl bench \\| x`") || !strings.Contains(md.String(), "PROJECTION, not a measurement") {
 		t.Errorf("markdown header:\n%s", md.String())
+	}
+	// A profiled run (--profile --markdown) gets its families after the table.
+	rep.Runs[1].Profile = &ProfileReport{Steps: 3, StepUs: 1000, Families: []FamilyReport{{Name: "attention", Us: 400, Share: 0.4}}}
+	md.Reset()
+	if err := rep.WriteMarkdown(&md); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(md.String(), fmt.Sprintf("Profile, concurrency %d (prefill and decode steps): GPU 1000 µs per step", rep.Runs[1].Concurrency)) ||
+		!strings.Contains(md.String(), "| attention |") {
+		t.Errorf("markdown lacks the run's profile:\n%s", md.String())
 	}
 }
 

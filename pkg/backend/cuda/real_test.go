@@ -58,6 +58,7 @@ func TestRealRuntime(t *testing.T) {
 				t.Error(err)
 			}
 			chunkedPrefillMatches(t, b, g.Cases[len(g.Cases)-1].PromptTokenIDs)
+			mixedStepMatches(t, b, g.Cases[len(g.Cases)-1].PromptTokenIDs)
 			matchesCPU(t, b, dir, g)
 			seededSampling(t, b, false)
 			// At validation precision every row is computed alike at any
@@ -177,6 +178,34 @@ func chunkedPrefillMatches(t *testing.T, b engine.Backend, prompt []int32) {
 	t.Logf("negative control (context blocks never written): rel L2 %.3g vs one-step, %.3g vs chunked", eBad, relL2(bad, chunked))
 	if eBad < 2*bound {
 		t.Errorf("wrong KV blocks moved the logits by only rel L2 %.3g: this check cannot tell plumbing errors from rounding", eBad)
+	}
+}
+
+// mixedStepMatches checks a step that mixes a decode sequence (first) with a
+// prefill (second), as continuous batching does: the prefill's logits must
+// match the same prefill run alone. The attention planners number the prefill
+// sequences among themselves while block tables are by batch index; a mix-up
+// makes the prefill read the decode sequence's blocks (rel L2 ~0.1 and more).
+func mixedStepMatches(t *testing.T, b engine.Backend, prompt []int32) {
+	t.Helper()
+	const bound = 0.02
+	bs := b.Info().KVBlockSize
+	solo := lastLogits(t, b, prompt, 0, blockRange(10, (len(prompt)+bs-1)/bs))
+	// The decode sequence: a short prompt of its own, then one more token.
+	other := prompt[:len(prompt)/2]
+	otherBlocks := blockRange(120, (len(other)+1+bs-1)/bs)
+	lastLogits(t, b, other, 0, otherBlocks)
+	res, err := b.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{
+		{SeqID: 7, Tokens: []int32{prompt[0]}, StartPos: len(other), BlockTable: otherBlocks, WantLogits: true},
+		{SeqID: 8, Tokens: prompt, StartPos: 0, BlockTable: blockRange(161, (len(prompt)+bs-1)/bs), WantLogits: true},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := relL2(res[1].Logits, solo)
+	t.Logf("prefill after a decode sequence in one step vs alone (%d tokens): rel L2 %.3g", len(prompt), e)
+	if e > bound {
+		t.Errorf("prefill of %d tokens sharing a step with a decode sequence differs from alone by rel L2 %.3g > %g", len(prompt), e, bound)
 	}
 }
 

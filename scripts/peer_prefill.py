@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""peer_prefill.py — PyTorch SDPA causal prefill attention on the shapes of `prefill_check --bench`.
+
+12 query heads on 1 KV head (GLM-4.7 at TP8), head_dim 128, BF16: q [B, 12, Lq, 128],
+k/v [B, 1, Lk, 128], F.scaled_dot_product_attention(..., enable_gqa=True) with the flash
+backend (then the efficient one if flash refuses). A whole prompt is is_causal=True; a chunk
+after earlier context (Lq < Lk) uses the lower-right causal bias (query i sees keys
+<= Lk - Lq + i), as the engine's chunked prefill does. Timed with CUDA events, median of N
+calls after warm-up. FLOPs counted as prefill_check counts them: 4 * 128 * heads * the keys
+each query sees, summed. One line per shape, joinable on `shape`:
+
+    shape        sdpa_ms  sdpa_TFLOP/s  backend
+
+    python3 scripts/peer_prefill.py [--json OUT] [--reps N]
+"""
+import argparse
+import json
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
+
+HEADS, D = 12, 128
+
+
+def shapes():
+    out = [(f"prompt_{n}", 1, n, 0) for n in (512, 1024, 2048, 4096, 8192, 16384, 32768)]
+    out.append(("chunk_2048_at_14336", 1, 2048, 14336))
+    out.append(("batch8_prompt_1024", 8, 1024, 0))
+    return out
+
+
+def flops(batch, lq, start):
+    keys = lq * start + lq * (lq + 1) / 2
+    return 4.0 * D * HEADS * keys * batch
+
+
+def timed(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def run(batch, lq, start, reps):
+    lk = start + lq
+    q = torch.randn(batch, HEADS, lq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, 1, lk, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, 1, lk, D, device="cuda", dtype=torch.bfloat16)
+    if start == 0:
+        def call():
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    else:
+        bias = causal_lower_right(lq, lk)
+
+        def call():
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+        try:
+            with sdpa_kernel(be):
+                return timed(call, reps), name
+        except RuntimeError as err:
+            last = err
+    raise last
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json")
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{'shape':22s} {'sdpa_ms':>10s} {'TFLOP/s':>8s}  backend")
+    rows = []
+    for name, batch, lq, start in shapes():
+        try:
+            ms, be = run(batch, lq, start, args.reps)
+        except RuntimeError as err:
+            print(f"{name:22s} {'-':>10s} {'-':>8s}  failed: {str(err).splitlines()[0]}")
+            continue
+        tf = flops(batch, lq, start) / (ms * 1e-3) / 1e12
+        print(f"{name:22s} {ms:10.4f} {tf:8.1f}  {be}")
+        rows.append({"shape": name, "sdpa_ms": ms, "sdpa_tflops": tf, "backend": be})
+        sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
