@@ -22,10 +22,6 @@ var (
 	commit  = "none"
 )
 
-// errNotImplemented marks subcommands whose issue has not landed yet; they
-// fail loudly instead of pretending to work.
-var errNotImplemented = errors.New("not implemented yet")
-
 // app carries what every subcommand shares: configuration and output.
 type app struct {
 	v      *viper.Viper
@@ -60,7 +56,7 @@ func newRootCmd(out, errOut io.Writer) *cobra.Command {
 	a := &app{v: viper.New(), out: out, errOut: errOut}
 	root := &cobra.Command{
 		Use:           "glmctl",
-		Short:         "Serve GLM-4.7-FP8: inspect, build, validate, generate, bench, serve, synth",
+		Short:         "Serve GLM-4.7-FP8: download, inspect, build, validate, generate, bench, serve, synth",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       fmt.Sprintf("%s (commit %s)", version, commit),
@@ -139,15 +135,4 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format: %q is not one of text, json", format)
-}
-
-// notImplemented builds a registered subcommand whose issue has not landed.
-func (a *app) notImplemented(use, short, issue string) *cobra.Command {
-	return &cobra.Command{
-		Use:   use,
-		Short: short + " (not implemented yet)",
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return fmt.Errorf("%s: %w (tracked in %s)", cmd.Name(), errNotImplemented, issue)
-		},
-	}
 }
