@@ -3,6 +3,7 @@
 #   make test    the whole test suite (what CI runs)
 #   make run     the main job on the bundled tiny model, on CPU
 #   make lint    gofmt + go vet
+#   make fuzz    every fuzz target of the module for FUZZTIME each (part of make test)
 
 GO        ?= go
 BIN       ?= bin/glmctl
@@ -21,7 +22,7 @@ export CGO_ENABLED := 1
 include mk/python.mk
 TOKENIZERS_DEPS := $(if $(wildcard mk/tokenizers.mk),tokenizers-lib)
 
-.PHONY: all build test lint run gpu-tests gpu-check gpu-perf clean
+.PHONY: all build test lint fuzz run gpu-tests gpu-check gpu-perf clean
 
 all: build
 
@@ -34,6 +35,20 @@ build: $(TOKENIZERS_DEPS)
 test: lint link-check cuda-check release-check venv
 	PATH="$(VENV)/bin:$$PATH" $(GO) test -count=1 ./...
 	PATH="$(VENV)/bin:$$PATH" $(GO) test -count=1 -race ./pkg/engine/... ./pkg/sample/... ./pkg/server/... ./pkg/backend/...
+	$(MAKE) --no-print-directory fuzz
+
+# Every fuzz target (each func FuzzXxx of a _test.go file), one at a time for
+# FUZZTIME, so that a new crasher is caught in CI; its seed corpus
+# (testdata/fuzz) already runs with the plain tests. A failure leaves the
+# input in testdata/fuzz/FuzzXxx/ for go test to replay: commit it with the fix.
+FUZZTIME ?= 10s
+fuzz: $(TOKENIZERS_DEPS)
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' cmd pkg internal | sort); do \
+	  for n in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+	    echo "fuzz ./$$(dirname $$f) $$n for $(FUZZTIME)"; \
+	    $(GO) test -run='^$$' -fuzz="^$$n$$" -fuzztime=$(FUZZTIME) ./$$(dirname $$f); \
+	  done; \
+	done
 
 lint: $(TOKENIZERS_DEPS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -4,10 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"regexp"
 	"strings"
+	"time"
 
+	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 
 	"github.com/glmctl/glmctl/pkg/inspect"
 )
@@ -20,7 +24,11 @@ func (a *app) newInspectCmd() *cobra.Command {
 model directory, binds each tensor to the GLM-4.x MoE architecture, and prints a summary,
 the tensor table, totals by dtype and by component, a per-GPU memory plan for --tp/--ep
 and --kv-tokens, and a verdict. It exits non-zero when anything is missing or wrong.
-It works on a directory holding only config.json and the index (shards reported missing).`,
+It works on a directory holding only config.json and the index (shards reported missing).
+
+When every shard is present it also reads the weight scales (finite and > 0), norms and
+biases (finite); --verify scans every byte of every tensor instead (NaN/Inf values,
+all-zero tensors), with a progress bar on stderr.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return a.runInspect(args[0])
@@ -34,6 +42,7 @@ It works on a directory holding only config.json and the index (shards reported 
 	f.Int64("kv-tokens", 0, "tokens of KV cache to budget in the memory plan")
 	f.String("kv-dtype", "bf16", "KV cache element type for the plan: bf16 or fp8")
 	f.Int("max-rows", 200, "most tensor rows to print (0 = all)")
+	f.Bool("verify", false, "scan every tensor's values (NaN/Inf, all-zero tensors), not only scales, norms and biases")
 	return cmd
 }
 
@@ -54,6 +63,17 @@ func (a *app) runInspect(dir string) error {
 			return fmt.Errorf("--filter: %w", err)
 		}
 		opts.Filter = re
+	}
+	if v.GetBool("verify") {
+		opts.Verify = true
+		bar := a.verifyBar()
+		opts.Progress = func(done, total int64) {
+			if bar.GetMax64() != total {
+				bar.ChangeMax64(total)
+			}
+			_ = bar.Set64(done)
+		}
+		defer func() { _ = bar.Finish() }()
 	}
 	rep, err := inspect.Run(dir, opts)
 	if err != nil {
@@ -158,7 +178,7 @@ func printInspect(w io.Writer, r *inspect.Report, maxRows int) error {
 	}
 
 	if len(r.Warnings) > 0 {
-		fmt.Fprintf(w, "\nWarnings (%d, MTP layer only; plain inference unaffected)\n", len(r.Warnings))
+		fmt.Fprintf(w, "\nWarnings (%d; plain inference unaffected)\n", len(r.Warnings))
 		for i, p := range r.Warnings {
 			if i == 20 {
 				fmt.Fprintf(w, "  ... and %d more\n", len(r.Warnings)-20)
@@ -166,6 +186,11 @@ func printInspect(w io.Writer, r *inspect.Report, maxRows int) error {
 			}
 			fmt.Fprintf(w, "  - %s\n", p)
 		}
+	}
+	if r.Values != "" {
+		fmt.Fprintf(w, "\nValues checked: %s\n", r.Values)
+	} else {
+		fmt.Fprintln(w, "\nValues checked: none (shards missing or tensors unbound)")
 	}
 	if r.OK {
 		fmt.Fprintln(w, "\nVerdict: OK")
@@ -180,4 +205,21 @@ func printInspect(w io.Writer, r *inspect.Report, maxRows int) error {
 		fmt.Fprintf(w, "  - %s\n", p)
 	}
 	return nil
+}
+
+// verifyBar is the progress bar of inspect --verify, on stderr (hidden when
+// stderr is not a terminal, so logs and tests stay clean).
+func (a *app) verifyBar() *progressbar.ProgressBar {
+	w := io.Discard
+	if f, ok := a.errOut.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		w = f
+	}
+	return progressbar.NewOptions64(1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetDescription("verifying tensors"),
+		progressbar.OptionShowBytes(true),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+	)
 }

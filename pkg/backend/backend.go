@@ -16,6 +16,7 @@ import (
 	"github.com/glmctl/glmctl/pkg/cudabuild"
 	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/synth"
+	"github.com/glmctl/glmctl/pkg/weightcheck"
 )
 
 // Backend names accepted by Open.
@@ -154,6 +155,10 @@ func Open(ctx context.Context, name, dir string, o Options) (engine.Backend, err
 				return nil, err
 			}
 			return b, nil
+		}
+		// The CPU loader runs the same check itself, on tensors it reads anyway.
+		if err := weightcheck.CheckDir(dir); err != nil {
+			return nil, err
 		}
 		b, err := cuda.OpenContext(ctx, dir, co)
 		if err != nil {

@@ -3,7 +3,10 @@
 // per scheduler step, with a flat description of what runs (design.md §2).
 package engine
 
-import "context"
+import (
+	"context"
+	"errors"
+)
 
 // Backend runs the model. Implementations: pkg/backend/cpu (pure Go
 // reference) and pkg/backend/cuda (libglmcuda.so). A backend owns weights and
@@ -15,6 +18,13 @@ type Backend interface {
 	// result per entry of batch.Seqs, in the same order. Entries with
 	// Sample == false (a non-final prefill chunk) return a zero Result apart
 	// from SeqID (and Logits if WantLogits).
+	//
+	// Failures: a problem of one sequence (non-finite logits: wrap
+	// ErrNonFiniteLogits) goes in that SeqResult.Err and the others still
+	// get their tokens; an error return fails every sequence of the step,
+	// and the engine goes on with the next step, unless the error wraps
+	// ErrBackendFatal (the device can run nothing more: a sticky CUDA
+	// error), which stops the engine. A panic counts as an error return.
 	Step(ctx context.Context, batch *StepBatch) ([]SeqResult, error)
 	// Close releases weights and device memory.
 	Close() error
@@ -106,4 +116,24 @@ type SeqResult struct {
 	Logprob     float32
 	TopLogprobs []TokenLogprob
 	Logits      []float32 // only when WantLogits
+	// Err, when set, ends this sequence with finish reason "error" (its
+	// Token is ignored); the rest of the step is unaffected. Backends set it
+	// (wrapping ErrNonFiniteLogits) instead of sampling from logits holding
+	// NaN or +Inf.
+	Err error
 }
+
+// Errors a backend reports through Step.
+var (
+	// ErrNonFiniteLogits: a sequence's logits held NaN or +Inf (or were all
+	// -Inf), so no token could be sampled. The request ends with an error
+	// and the engine counts it (Stats.NonFiniteLogits); its KV blocks are
+	// kept out of the prefix cache.
+	ErrNonFiniteLogits = errors.New("non-finite logits")
+	// ErrBackendFatal: the backend can run no more steps (a sticky CUDA
+	// error such as an illegal address or an uncorrectable ECC error). The
+	// engine fails every request and Run returns an error wrapping it.
+	ErrBackendFatal = errors.New("fatal backend error")
+	// ErrStepPanic: Step panicked; that step's requests fail with it.
+	ErrStepPanic = errors.New("backend step panicked")
+)

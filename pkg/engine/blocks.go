@@ -183,6 +183,24 @@ func (p *blockPool) register(id int32, key blockKey, tokens []int32) {
 	p.byKey[key] = id
 }
 
+// forget drops the prefix-cache keys of ids (used blocks), so they can no
+// longer be found by lookup and go to the free list when released.
+func (p *blockPool) forget(ids []int32) {
+	if !p.prefix {
+		return
+	}
+	for _, id := range ids {
+		if !p.hashed[id] {
+			continue
+		}
+		if p.byKey[p.keys[id]] == id {
+			delete(p.byKey, p.keys[id])
+		}
+		p.hashed[id] = false
+		p.keys[id] = blockKey{}
+	}
+}
+
 func (p *blockPool) blockTokens(id int32) []int32 {
 	return p.tokens[int(id)*p.blockSize : (int(id)+1)*p.blockSize]
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,6 +31,7 @@ type Engine struct {
 	nextID      uint64
 	loopStarted bool
 	stopped     bool
+	stopErr     error         // what shutdown fails outstanding requests with
 	wake        chan struct{} // capacity 1
 
 	submitted atomic.Uint64
@@ -209,11 +211,14 @@ func (e *Engine) signal() {
 	}
 }
 
-// Run is the step loop. It returns when ctx ends (with ctx's error); every
-// request still queued or running then finishes with Finish "error" and
-// ErrEngineStopped, and later Submits fail with ErrEngineStopped. Run may be
+// Run is the step loop. It returns when ctx ends (with ctx's error), or when
+// the backend reports an error wrapping ErrBackendFatal (with that error);
+// every request still queued or running then finishes with Finish "error"
+// and an error wrapping ErrEngineStopped (and the fatal error), and later
+// Submits fail with ErrEngineStopped. A failing or panicking step that is
+// not fatal fails only that step's requests; the loop goes on. Run may be
 // called once.
-func (e *Engine) Run(ctx context.Context) error {
+func (e *Engine) Run(ctx context.Context) (err error) {
 	e.mu.Lock()
 	if e.loopStarted {
 		e.mu.Unlock()
@@ -222,6 +227,17 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.loopStarted = true
 	e.mu.Unlock()
 	defer e.shutdown()
+	defer func() {
+		// A panic in the loop's own bookkeeping leaves its state unknown:
+		// stop (shutdown still fails every request with an error event)
+		// rather than take the process down.
+		if r := recover(); r != nil {
+			e.log.Error("engine loop panicked: stopping", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = fmt.Errorf("%w: engine loop panicked: %v", ErrBackendFatal, r)
+			e.stats.FatalErrors++
+			e.setStopErr(err)
+		}
+	}()
 
 	for {
 		e.drain()
@@ -288,7 +304,7 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		}
 	}
 	t0 := time.Now()
-	results, err := e.backend.Step(ctx, batch)
+	results, err := e.callStep(ctx, batch)
 	dt := time.Since(t0)
 	e.stats.Steps++
 	e.stats.StepTime += dt
@@ -305,16 +321,38 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		}
 	}
 	if err != nil {
-		if ctx.Err() != nil {
+		fatal := errors.Is(err, ErrBackendFatal)
+		if ctx.Err() != nil && !fatal {
 			return ctx.Err() // shutdown fails everything
 		}
-		e.log.Error("backend step failed", "seqs", len(sched), "tokens", batch.NumTokens(), "err", err)
+		switch {
+		case fatal:
+			e.stats.FatalErrors++
+		case errors.Is(err, ErrStepPanic):
+			e.stats.StepPanics++
+		default:
+			e.stats.StepErrors++
+		}
+		ids, labels := stepIDs(sched)
+		e.log.Error("backend step failed: failing its requests", "fatal", fatal, "seqs", len(sched),
+			"tokens", batch.NumTokens(), "request_ids", ids, "labels", labels, "err", err)
 		for _, sc := range sched {
+			// The step may have written part of these blocks: keep them
+			// out of the prefix cache.
+			e.sched.discard(sc.seq)
 			e.finish(sc.seq, Event{}, FinishError, fmt.Errorf("backend step: %w", err))
+		}
+		if fatal {
+			e.setStopErr(err)
+			return fmt.Errorf("engine: %w", err)
 		}
 		return nil
 	}
 	for i, sc := range sched {
+		if rerr := results[i].Err; rerr != nil {
+			e.failSeq(sc.seq, rerr)
+			continue
+		}
 		e.sched.commit(sc)
 		e.stats.ComputedTokens += uint64(sc.numTokens)
 		if sc.sample {
@@ -322,6 +360,55 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		}
 	}
 	return nil
+}
+
+// callStep runs Backend.Step, turning a panic into an error wrapping
+// ErrStepPanic (logged with its stack).
+func (e *Engine) callStep(ctx context.Context, batch *StepBatch) (res []SeqResult, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			ids := make([]uint64, len(batch.Seqs))
+			for i := range batch.Seqs {
+				ids[i] = batch.Seqs[i].SeqID
+			}
+			e.log.Error("backend step panicked", "request_ids", ids, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			res, err = nil, fmt.Errorf("%w: %v", ErrStepPanic, r)
+		}
+	}()
+	return e.backend.Step(ctx, batch)
+}
+
+// failSeq ends one sequence whose step result carries an error; the rest
+// of the step stands.
+func (e *Engine) failSeq(seq *sequence, err error) {
+	if errors.Is(err, ErrNonFiniteLogits) {
+		e.stats.NonFiniteLogits++
+	}
+	e.log.Warn("request failed in the backend", "id", seq.id, "label", seq.label, "err", err)
+	e.sched.discard(seq)
+	e.finish(seq, Event{}, FinishError, err)
+}
+
+// stepIDs lists the request ids and labels of a step, for logs.
+func stepIDs(sched []scheduledSeq) ([]uint64, []string) {
+	ids := make([]uint64, len(sched))
+	labels := make([]string, 0, len(sched))
+	for i, sc := range sched {
+		ids[i] = sc.seq.id
+		if sc.seq.label != "" {
+			labels = append(labels, sc.seq.label)
+		}
+	}
+	return ids, labels
+}
+
+// setStopErr records why the engine stops, for the requests shutdown fails.
+func (e *Engine) setStopErr(err error) {
+	e.mu.Lock()
+	if e.stopErr == nil {
+		e.stopErr = fmt.Errorf("%w: %w", ErrEngineStopped, err)
+	}
+	e.mu.Unlock()
 }
 
 // accept appends a sampled token and decides whether the request ends.
@@ -439,13 +526,17 @@ func (e *Engine) shutdown() {
 	e.stopped = true
 	inbox := e.inbox
 	e.inbox, e.cancels = nil, nil
+	stopErr := e.stopErr
 	e.mu.Unlock()
+	if stopErr == nil {
+		stopErr = ErrEngineStopped
+	}
 	var all []*sequence
 	all = append(all, e.sched.running...)
 	all = append(all, e.sched.waiting...)
 	all = append(all, inbox...)
 	for _, seq := range all {
-		e.finish(seq, Event{}, FinishError, ErrEngineStopped)
+		e.finish(seq, Event{}, FinishError, stopErr)
 	}
 	e.deliver()
 }

@@ -239,3 +239,11 @@ func (s *scheduler) remove(seq *sequence) {
 	seq.blocks = nil
 	seq.state = seqFinished
 }
+
+// discard keeps a failed sequence's blocks out of the prefix cache: their
+// contents may be partial or hold non-finite values, so no later request
+// may reuse them. The blocks stay owned until remove frees them.
+func (s *scheduler) discard(seq *sequence) {
+	s.pool.forget(seq.blocks)
+	seq.numRegistered = 0
+}

@@ -27,6 +27,16 @@ type Stats struct {
 	PrefixHitTokens   uint64
 	Preemptions       uint64
 
+	// Failures, each counted once: steps whose Backend.Step returned an
+	// error (StepErrors) or panicked (StepPanics), failing their requests;
+	// fatal errors (ErrBackendFatal from a step, or a panic of the loop
+	// itself: the engine stopped); requests ended because their logits were
+	// non-finite (ErrNonFiniteLogits).
+	StepErrors      uint64
+	StepPanics      uint64
+	FatalErrors     uint64
+	NonFiniteLogits uint64
+
 	Steps          uint64
 	StepTime       time.Duration // total time inside Backend.Step
 	LastStepTime   time.Duration

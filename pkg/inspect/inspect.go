@@ -10,6 +10,7 @@ import (
 
 	"github.com/glmctl/glmctl/pkg/model"
 	"github.com/glmctl/glmctl/pkg/safetensors"
+	"github.com/glmctl/glmctl/pkg/weightcheck"
 )
 
 // Options select what the report covers.
@@ -18,6 +19,11 @@ type Options struct {
 	TP, EP      int
 	KVTokens    int64
 	KVElemBytes int
+	// Verify scans every byte of every tensor (non-finite values, all-zero
+	// tensors, scales <= 0) instead of only the scales, norms and biases;
+	// Progress, if set, follows the scan.
+	Verify   bool
+	Progress weightcheck.Progress
 }
 
 // Summary is the architecture at a glance.
@@ -75,9 +81,14 @@ type Report struct {
 	ActiveParams int64             `json:"active_params_per_token"`
 	Plan         *model.MemoryPlan `json:"memory_plan,omitempty"`
 	PlanError    string            `json:"memory_plan_error,omitempty"`
-	Problems     []string          `json:"problems"`
-	Warnings     []string          `json:"warnings"`
-	OK           bool              `json:"ok"`
+	// Values says which tensor values were checked: "scales, norms and
+	// biases" (always, when every shard is present), "every tensor"
+	// (Verify), or "" (shards missing or the checkpoint does not bind).
+	Values   string                `json:"values_checked"`
+	Findings []weightcheck.Finding `json:"value_findings,omitempty"`
+	Problems []string              `json:"problems"`
+	Warnings []string              `json:"warnings"`
+	OK       bool                  `json:"ok"`
 }
 
 // Run inspects a model directory. It returns an error only when the
@@ -183,8 +194,43 @@ func Run(dir string, o Options) (*Report, error) {
 	for _, k := range sortedKeys(dt) {
 		r.ByDType = append(r.ByDType, *dt[k])
 	}
+	if len(r.Problems) == 0 && len(ck.Missing) == 0 {
+		if err := r.checkValues(dir, b, o); err != nil {
+			return nil, err
+		}
+	}
 	r.OK = len(r.Problems) == 0
 	return r, nil
+}
+
+// checkValues reads tensor values (the checkpoint is complete and binds):
+// the small scale, norm and bias tensors, or every tensor with o.Verify.
+func (r *Report) checkValues(dir string, b *model.Binding, o Options) error {
+	ck, err := safetensors.Open(dir, safetensors.OpenOptions{})
+	if err != nil {
+		return err
+	}
+	defer ck.Close()
+	var fs []weightcheck.Finding
+	if o.Verify {
+		r.Values = "every tensor"
+		fs, err = weightcheck.Verify(ck, b, o.Progress)
+	} else {
+		r.Values = "scales, norms and biases"
+		fs, err = weightcheck.Small(ck, b)
+	}
+	if err != nil {
+		return err
+	}
+	r.Findings = fs
+	for _, f := range fs {
+		if f.Warning {
+			r.Warnings = append(r.Warnings, f.String())
+		} else {
+			r.Problems = append(r.Problems, f.String())
+		}
+	}
+	return nil
 }
 
 // Err returns nil for a usable checkpoint, else an error summarising the

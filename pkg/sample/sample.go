@@ -80,6 +80,8 @@ func (s *Sampler) ForStep(logits []float32, seq *engine.StepSeq) (engine.SeqResu
 }
 
 // Sample draws the next token from logits (one position, vocabulary-sized).
+// Logits holding NaN or +Inf, or only -Inf, give an error wrapping
+// engine.ErrNonFiniteLogits, never a token.
 func (s *Sampler) Sample(logits []float32, p engine.SamplingParams, h History) (Result, error) {
 	total, err := s.weigh(logits, p, h)
 	if err != nil {
@@ -148,7 +150,7 @@ func (s *Sampler) weigh(logits []float32, p engine.SamplingParams, h History) (f
 	for i, l := range logits {
 		f := float64(l)
 		if math.IsNaN(f) || math.IsInf(f, 1) {
-			return 0, fmt.Errorf("sample: logit %d is %v", i, l)
+			return 0, fmt.Errorf("sample: %w: logit %d is %v", engine.ErrNonFiniteLogits, i, l)
 		}
 		if !math.IsInf(f, -1) {
 			anyFinite = true
@@ -156,7 +158,7 @@ func (s *Sampler) weigh(logits []float32, p engine.SamplingParams, h History) (f
 		w[i] = f
 	}
 	if !anyFinite {
-		return 0, fmt.Errorf("sample: all %d logits are -Inf", vocab)
+		return 0, fmt.Errorf("sample: %w: all %d logits are -Inf", engine.ErrNonFiniteLogits, vocab)
 	}
 	s.applyPenalties(w, p, h)
 
@@ -179,6 +181,9 @@ func (s *Sampler) weigh(logits []float32, p engine.SamplingParams, h History) (f
 	}
 	if math.IsInf(maxL, -1) {
 		return 0, fmt.Errorf("sample: every logit is -Inf after penalties")
+	}
+	if math.IsInf(maxL, 1) {
+		return 0, fmt.Errorf("sample: %w: a logit overflows to +Inf at temperature %v", engine.ErrNonFiniteLogits, p.Temperature)
 	}
 	for i, l := range w {
 		w[i] = math.Exp(l - maxL) // exp(-Inf) = 0

@@ -1,6 +1,7 @@
 package sample
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -427,5 +428,36 @@ func TestSamplerReuseAcrossVocabSizes(t *testing.T) {
 				t.Fatalf("reused sampler gave %d, fresh one %d (scratch not cleared?)", got.Token, want.Token)
 			}
 		}
+	}
+}
+
+// Non-finite logits never give a token: every such case is an error wrapping
+// engine.ErrNonFiniteLogits (what the engine counts and reports), whatever
+// the sampling parameters.
+func TestNonFiniteLogitsAreAnError(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	for _, tc := range []struct {
+		name   string
+		logits []float32
+	}{
+		{"nan first", []float32{nan, 1, 2}},
+		{"nan last", []float32{1, 2, nan}},
+		{"all nan", []float32{nan, nan, nan}},
+		{"+inf", []float32{1, inf, 2}},
+		{"all -inf", []float32{-inf, -inf, -inf}},
+	} {
+		for _, p := range []engine.SamplingParams{
+			{}, {Temperature: 1}, {Temperature: 0.7, TopK: 2, TopP: 0.9}, {Temperature: 1, MinP: 0.1, Logprobs: true, TopLogprobs: 2},
+		} {
+			res, err := Sample(tc.logits, p, History{})
+			if !errors.Is(err, engine.ErrNonFiniteLogits) {
+				t.Errorf("%s %+v: token %d, err %v; want ErrNonFiniteLogits", tc.name, p, res.Token, err)
+			}
+		}
+	}
+	var s Sampler
+	res, err := s.ForStep([]float32{nan, 1}, &engine.StepSeq{SeqID: 7})
+	if !errors.Is(err, engine.ErrNonFiniteLogits) || !strings.Contains(err.Error(), "sequence 7") {
+		t.Errorf("ForStep: %+v, %v", res, err)
 	}
 }

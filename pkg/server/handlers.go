@@ -165,7 +165,11 @@ func submitError(err error) *openai.Error {
 // finishError maps a request that ended with Finish "error" to an API error.
 func finishError(err error) *openai.Error {
 	if errors.Is(err, engine.ErrEngineStopped) {
-		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Message: "the request was cancelled: the server is shutting down"}
+		msg := "the request was cancelled: the server is shutting down"
+		if errors.Is(err, engine.ErrBackendFatal) {
+			msg = "the request was cancelled: the server is stopping after a fatal backend error (retry once it is ready again)"
+		}
+		return &openai.Error{Status: http.StatusServiceUnavailable, Type: openai.TypeUnavailable, Message: msg}
 	}
 	msg := "generation failed"
 	if err != nil {

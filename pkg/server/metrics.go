@@ -118,6 +118,10 @@ var (
 		"Prompt tokens looked up in the prefix cache.", nil, nil)
 	descPrefixH = prometheus.NewDesc("glmctl_prefix_cache_hits_tokens_total",
 		"Prompt tokens found in the prefix cache.", nil, nil)
+	descStepFail = prometheus.NewDesc("glmctl_engine_step_failures_total",
+		"Engine steps that failed, failing their requests, by kind (error, panic, fatal).", []string{"kind"}, nil)
+	descNonFinite = prometheus.NewDesc("glmctl_engine_nonfinite_logits_total",
+		"Requests ended with an error because their logits held NaN or Inf.", nil, nil)
 )
 
 // engineCollector turns one engine.Stats snapshot per scrape into metrics.
@@ -127,7 +131,7 @@ type engineCollector struct {
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueue, descRunning, descKVTotal, descKVUsed, descKVCached, descKVUsage,
-		descPrompt, descGenerated, descFinished, descRejected, descPreempt, descSteps, descPrefixQ, descPrefixH} {
+		descPrompt, descGenerated, descFinished, descRejected, descPreempt, descSteps, descPrefixQ, descPrefixH, descStepFail, descNonFinite} {
 		ch <- d
 	}
 }
@@ -161,4 +165,8 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descSteps, st.Steps)
 	counter(descPrefixQ, st.PrefixQueryTokens)
 	counter(descPrefixH, st.PrefixHitTokens)
+	counter(descStepFail, st.StepErrors, "error")
+	counter(descStepFail, st.StepPanics, "panic")
+	counter(descStepFail, st.FatalErrors, "fatal")
+	counter(descNonFinite, st.NonFiniteLogits)
 }

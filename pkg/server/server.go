@@ -233,7 +233,10 @@ func (s *Server) ListenAndServe(ctx context.Context) error {
 // down gracefully: it stops accepting connections, fails /readyz, lets
 // running requests finish for up to ShutdownTimeout, then cancels what is
 // left (streams get an error event), stops the engine and returns nil. It
-// returns an error only if serving fails. Serve may be called once.
+// returns an error if serving fails, or if the engine stops on a fatal
+// backend error (engine.ErrBackendFatal): then /readyz fails at once, the
+// running requests get their error responses, and Serve returns the error.
+// Serve may be called once.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	first := false
 	s.serveOnce.Do(func() { first = true })
@@ -272,9 +275,14 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case err := <-srvErr:
 		serveErr = fmt.Errorf("server: serve on %s: %w", ln.Addr(), err)
 	case err := <-engDone:
-		// The step loop ended on its own (it only does when its context
-		// ends, so this is a bug); stop serving rather than hang requests.
+		// The step loop ended on its own: a fatal backend error (a sticky
+		// CUDA error) or a panic of the loop. Its requests have their error
+		// events; stop being ready, let the handlers write those, and return
+		// the error so the process exits non-zero and a supervisor restarts
+		// it.
 		engDone <- err
+		s.draining.Store(true)
+		s.log.Error("engine stopped on a fatal error: not ready, draining, then exiting", "err", err)
 		serveErr = fmt.Errorf("server: engine stopped: %w", err)
 	}
 

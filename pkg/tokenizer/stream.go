@@ -41,7 +41,12 @@ func (d *StreamDecoder) Add(id int32) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	pending := strings.HasSuffix(cur, "\uFFFD") && len(d.ids)-d.read < maxPendingIDs
+	pending := strings.HasSuffix(cur, "\uFFFD")
+	if pending && len(d.ids)-d.read >= maxPendingIDs {
+		// Too long a run ending in U+FFFD: emit what is surely final and
+		// keep only the last few ids pending.
+		return d.emitStable(prev, cur)
+	}
 	if len(cur) <= len(prev) || pending {
 		if cur == prev && !pending {
 			// The new ids made no text (skipped specials, ids past the
@@ -62,8 +67,55 @@ func (d *StreamDecoder) Add(id int32) (string, error) {
 // maxPendingIDs bounds how long text ending in U+FFFD is held back. A real
 // character needs at most 4 byte-level tokens; a longer run is invalid
 // output, which is then emitted (as U+FFFD, still valid UTF-8) rather than
-// re-decoded ever longer.
+// re-decoded ever longer — all of it but its last ids (emitStable).
 const maxPendingIDs = 16
+
+// holdIDs is how many trailing ids emitStable keeps pending at most when no
+// shorter cut ends on a whole character: an incomplete character is at most
+// 3 bytes, one byte-level token or more each.
+const holdIDs = 4
+
+// emitStable emits the longest part of a long pending run that later ids
+// cannot change, and keeps the rest pending. Emitting the whole run would
+// be wrong when its trailing U+FFFD is an incomplete character that the next
+// ids complete (the whole decode then shows the character, not U+FFFD). A
+// cut after a whole character (text not ending in U+FFFD) is final; failing
+// one within holdIDs ids, the cut before the last holdIDs ids is taken (a
+// run of invalid bytes: its U+FFFDs are final).
+func (d *StreamDecoder) emitStable(prev, cur string) (string, error) {
+	n := len(d.ids)
+	cut, text := -1, ""
+	for j := 1; j <= holdIDs && n-j > d.read; j++ {
+		t, err := d.tok.Decode(d.ids[d.prefix:n-j], d.skipSpecial)
+		if err != nil {
+			return "", err
+		}
+		if len(t) <= len(prev) || !strings.HasPrefix(cur, t) {
+			continue
+		}
+		if !strings.HasSuffix(t, "\uFFFD") {
+			cut, text = n-j, t
+			break
+		}
+		if j == holdIDs {
+			cut, text = n-j, t
+		}
+	}
+	if cut < 0 {
+		if cur == prev {
+			// The run added no text (skipped specials, ids past the
+			// vocabulary after a U+FFFD already out): slide the window.
+			d.read = n
+			d.prefix = max(d.prefix, d.read-1)
+			d.compact()
+		}
+		return "", nil // else keep holding; a later id makes a cut possible
+	}
+	out := text[commonPrefix(prev, text):]
+	d.prefix, d.read = d.read, cut
+	d.compact()
+	return out, nil
+}
 
 // Flush returns whatever is held back (an incomplete character comes out as
 // U+FFFD, as a whole decode would give it) and starts a new sequence.

@@ -151,11 +151,12 @@ func TestSampling(t *testing.T) {
 	if alone.Token != mixed.Token {
 		t.Errorf("seeded token %d alone, %d in a batch", alone.Token, mixed.Token)
 	}
-	// Invalid sampling parameters are an error, not a panic.
-	_, err := be.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{{SeqID: 1, Tokens: p, BlockTable: blocks(0), Sample: true,
+	// Invalid sampling parameters are an error of that sequence, not a
+	// panic (nor a failure of the whole step).
+	res, err := be.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{{SeqID: 1, Tokens: p, BlockTable: blocks(0), Sample: true,
 		Sampling: engine.SamplingParams{Temperature: -1}}}})
-	if err == nil || !strings.Contains(err.Error(), "temperature") {
-		t.Errorf("negative temperature: err %v", err)
+	if err != nil || len(res) != 1 || res[0].Err == nil || !strings.Contains(res[0].Err.Error(), "temperature") {
+		t.Errorf("negative temperature: results %+v, err %v", res, err)
 	}
 }
 

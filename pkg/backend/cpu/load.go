@@ -5,6 +5,7 @@ import (
 
 	"github.com/glmctl/glmctl/pkg/model"
 	"github.com/glmctl/glmctl/pkg/safetensors"
+	"github.com/glmctl/glmctl/pkg/weightcheck"
 )
 
 // linear is one linear module in memory: y = x·Wᵀ (+ bias).
@@ -63,6 +64,11 @@ func loadWeights(dir string, cfg *model.Config, fp8 bool) (*weights, error) {
 	bind := model.Bind(cfg, ck.Tensors)
 	if err := bind.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
+	}
+	// Scales, norms and biases: a NaN or a zero scale there poisons every
+	// token, so refuse the checkpoint now, naming tensor and shard.
+	if err := weightcheck.Check(ck, bind); err != nil {
+		return nil, err
 	}
 	if need := weightBytes(cfg, bind); need > MaxWeightBytes {
 		return nil, fmt.Errorf("%s: the CPU backend holds weights as float32 and would need %d bytes, over its limit of %d (it is meant for small models; use the CUDA backend)",

@@ -186,7 +186,13 @@ func (s *routerScratch) size(experts, groups int) {
 // pick the topK largest choice values; weights are the plain s of those
 // experts, renormalised (norm_topk_prob) and times routed_scaling_factor.
 // Ties go to the lower index.
-func (r *router) route(logits, correction []float32, sc *routerScratch, idx []int, wts []float32) {
+//
+// Non-finite values are never selected: an expert whose choice value is NaN
+// or ±Inf is not a candidate, and a group's score counts only finite values.
+// route returns how many experts it picked; when fewer than topK are finite
+// the remaining slots get id -1 and weight 0 (callers must skip them and
+// treat the token as poisoned), so no non-finite score ever indexes memory.
+func (r *router) route(logits, correction []float32, sc *routerScratch, idx []int, wts []float32) int {
 	sc.size(r.experts, r.groups)
 	for e, l := range logits[:r.experts] {
 		sc.scores[e] = sigmoid(l)
@@ -199,6 +205,9 @@ func (r *router) route(logits, correction []float32, sc *routerScratch, idx []in
 			grp := sc.choice[g*per : (g+1)*per]
 			b1, b2 := negInf, negInf
 			for _, v := range grp {
+				if !finite(v) {
+					continue
+				}
 				if v > b1 {
 					b1, b2 = v, b1
 				} else if v > b2 {
@@ -225,21 +234,27 @@ func (r *router) route(logits, correction []float32, sc *routerScratch, idx []in
 			}
 		}
 	}
-	// topK by repeated selection; a picked expert is marked with NaN, which
-	// compares false against everything.
+	// topK by repeated selection over finite values; a picked expert is
+	// marked with NaN, which is not finite.
 	src := sc.scores
 	if r.weightsFromBiased {
 		src = nil
 	}
 	nan := float32(math.NaN())
 	var sum float32
+	picked := 0
 	for j := range r.topK {
 		best := -1
 		for e, v := range sc.choice {
-			if v == v && (best < 0 || v > sc.choice[best]) {
+			if finite(v) && (best < 0 || v > sc.choice[best]) {
 				best = e
 			}
 		}
+		if best < 0 {
+			idx[j], wts[j] = -1, 0
+			continue
+		}
+		picked++
 		idx[j] = best
 		if src != nil {
 			wts[j] = src[best]
@@ -258,4 +273,10 @@ func (r *router) route(logits, correction []float32, sc *routerScratch, idx []in
 	for j := range r.topK {
 		wts[j] *= r.scaling
 	}
+	return picked
+}
+
+// finite reports whether v is neither NaN nor ±Inf.
+func finite(v float32) bool {
+	return v-v == 0 // NaN-NaN and Inf-Inf are NaN
 }

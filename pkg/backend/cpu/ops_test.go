@@ -309,3 +309,48 @@ func TestSiLU(t *testing.T) {
 		}
 	}
 }
+
+// Non-finite router scores are never selected and never index memory (the
+// old route returned expert -1 for an all-NaN row, and the MoE then
+// panicked with index out of range [-1]).
+func TestRouterNonFinite(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	tests := []struct {
+		name       string
+		r          router
+		logits     []float32
+		corr       []float32
+		wantIdx    []int
+		wantPicked int
+	}{
+		{"all NaN", router{experts: 4, topK: 2, groups: 1, topKGroup: 1, normTopK: true, scaling: 1},
+			[]float32{nan, nan, nan, nan}, make([]float32, 4), []int{-1, -1}, 0},
+		{"one NaN is skipped", router{experts: 4, topK: 2, groups: 1, topKGroup: 1, normTopK: true, scaling: 1},
+			[]float32{nan, 1, 2, -1}, make([]float32, 4), []int{2, 1}, 2},
+		{"too few finite", router{experts: 4, topK: 3, groups: 1, topKGroup: 1, normTopK: true, scaling: 1},
+			[]float32{nan, 1, nan, 2}, make([]float32, 4), []int{3, 1, -1}, 2},
+		{"NaN correction bias", router{experts: 4, topK: 2, groups: 1, topKGroup: 1, normTopK: false, scaling: 1},
+			[]float32{3, 1, 2, 0}, []float32{nan, 0, 0, 0}, []int{2, 1}, 2},
+		{"+Inf correction bias", router{experts: 4, topK: 2, groups: 1, topKGroup: 1, normTopK: false, scaling: 1},
+			[]float32{0, 1, 2, 3}, []float32{inf, 0, 0, 0}, []int{3, 2}, 2},
+		{"grouped, a NaN group", router{experts: 8, topK: 2, groups: 4, topKGroup: 2, normTopK: true, scaling: 1},
+			[]float32{nan, nan, 1, 1, 2, 2, -3, -3}, make([]float32, 8), []int{4, 5}, 2},
+		{"grouped, all NaN", router{experts: 8, topK: 2, groups: 4, topKGroup: 2, normTopK: true, scaling: 1},
+			[]float32{nan, nan, nan, nan, nan, nan, nan, nan}, make([]float32, 8), []int{-1, -1}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			idx, wts := make([]int, tt.r.topK), make([]float32, tt.r.topK)
+			var sc routerScratch
+			picked := tt.r.route(tt.logits, tt.corr, &sc, idx, wts)
+			if picked != tt.wantPicked || !slices.Equal(idx, tt.wantIdx) {
+				t.Fatalf("picked %d experts %v, want %d %v", picked, idx, tt.wantPicked, tt.wantIdx)
+			}
+			for j, w := range wts {
+				if !finite(w) {
+					t.Errorf("weight %d is %v", j, w)
+				}
+			}
+		})
+	}
+}

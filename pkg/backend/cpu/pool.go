@@ -1,6 +1,9 @@
 package cpu
 
-import "sync"
+import (
+	"fmt"
+	"sync"
+)
 
 // workerPool runs index ranges on a fixed set of goroutines. The calling
 // goroutine takes the first chunk itself, so a pool of n uses n-1 helpers.
@@ -15,6 +18,29 @@ type poolTask struct {
 	fn             func(worker, lo, hi int)
 	worker, lo, hi int
 	wg             *sync.WaitGroup
+	failed         *panicBox
+}
+
+// panicBox keeps the first panic of a run's chunks, so that run re-raises it
+// on the calling goroutine (where the engine recovers it) instead of a
+// helper goroutine's panic killing the process.
+type panicBox struct {
+	mu  sync.Mutex
+	val any
+	set bool
+}
+
+func (b *panicBox) catch(fn func(worker, lo, hi int), worker, lo, hi int) {
+	defer func() {
+		if r := recover(); r != nil {
+			b.mu.Lock()
+			if !b.set {
+				b.val, b.set = r, true
+			}
+			b.mu.Unlock()
+		}
+	}()
+	fn(worker, lo, hi)
 }
 
 func newWorkerPool(n int) *workerPool {
@@ -25,7 +51,7 @@ func newWorkerPool(n int) *workerPool {
 		for range p.n - 1 {
 			go func() {
 				for t := range tasks {
-					t.fn(t.worker, t.lo, t.hi)
+					t.failed.catch(t.fn, t.worker, t.lo, t.hi)
 					t.wg.Done()
 				}
 			}()
@@ -35,7 +61,9 @@ func newWorkerPool(n int) *workerPool {
 }
 
 // run calls fn over [0, total) split into at most p.n contiguous chunks of at
-// least grain items; worker is the chunk number, below p.n.
+// least grain items; worker is the chunk number, below p.n. If a chunk
+// panics, run waits for every chunk to end, then panics on the calling
+// goroutine.
 func (p *workerPool) run(total, grain int, fn func(worker, lo, hi int)) {
 	if total <= 0 {
 		return
@@ -46,13 +74,19 @@ func (p *workerPool) run(total, grain int, fn func(worker, lo, hi int)) {
 		fn(0, 0, total)
 		return
 	}
-	var wg sync.WaitGroup
+	var (
+		wg     sync.WaitGroup
+		failed panicBox
+	)
 	wg.Add(chunks - 1)
 	for c := 1; c < chunks; c++ {
-		p.tasks <- poolTask{fn: fn, worker: c, lo: c * total / chunks, hi: (c + 1) * total / chunks, wg: &wg}
+		p.tasks <- poolTask{fn: fn, worker: c, lo: c * total / chunks, hi: (c + 1) * total / chunks, wg: &wg, failed: &failed}
 	}
-	fn(0, 0, total/chunks)
+	failed.catch(fn, 0, 0, total/chunks)
 	wg.Wait()
+	if failed.set {
+		panic(fmt.Sprintf("cpu worker: %v", failed.val))
+	}
 }
 
 func (p *workerPool) close() {

@@ -31,6 +31,7 @@ type scratch struct {
 	slots       [][]int   // per expert: which of the token's K picks
 	xe, ye      []float32 // gathered expert input/output rows
 	rsc         routerScratch
+	poisoned    []int     // tokens of this MoE call with fewer than top_k finite router scores
 	headRows    []float32 // normed last hidden states [S][H]
 	logits      []float32 // [S][V]
 	logitSeqIdx []int
@@ -182,7 +183,9 @@ func (b *Backend) heads(batch *engine.StepBatch) ([]engine.SeqResult, error) {
 		if seq.Sample {
 			res, err := b.sampler.ForStep(logits, seq)
 			if err != nil {
-				return nil, fmt.Errorf("cpu step: %w", err)
+				// This sequence alone fails (non-finite logits wrap
+				// engine.ErrNonFiniteLogits); the others keep their tokens.
+				res = engine.SeqResult{SeqID: seq.SeqID, Err: fmt.Errorf("cpu step: %w", err)}
 			}
 			results[i] = res
 		}
@@ -429,10 +432,20 @@ func (b *Backend) moe(y, x []float32, T int, mw *moeWeights) {
 	for e := range E {
 		s.tokens[e], s.slots[e] = s.tokens[e][:0], s.slots[e][:0]
 	}
+	s.poisoned = s.poisoned[:0]
 	for t := range T {
 		idx, wts := s.expertIdx[t*K:(t+1)*K], s.expertWts[t*K:(t+1)*K]
-		r.route(s.routerOut[t*E:(t+1)*E], mw.correction, &s.rsc, idx, wts)
+		if r.route(s.routerOut[t*E:(t+1)*E], mw.correction, &s.rsc, idx, wts) < K {
+			// Fewer than top_k finite router scores: the token's state is
+			// already broken. Its routed output becomes NaN below, so its
+			// sequence ends with ErrNonFiniteLogits instead of going on with
+			// silently wrong experts.
+			s.poisoned = append(s.poisoned, t)
+		}
 		for j, e := range idx {
+			if e < 0 {
+				continue
+			}
 			s.tokens[e] = append(s.tokens[e], t)
 			s.slots[e] = append(s.slots[e], j)
 		}
@@ -456,6 +469,12 @@ func (b *Backend) moe(y, x []float32, T int, mw *moeWeights) {
 			for d := range dst {
 				dst[d] += src[d] * w
 			}
+		}
+	}
+	nan := float32(math.NaN())
+	for _, t := range s.poisoned {
+		for d := range H {
+			s.routed[t*H+d] = nan
 		}
 	}
 	if mw.shared == nil {

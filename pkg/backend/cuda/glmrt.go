@@ -107,6 +107,8 @@ import (
 	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/glmctl/glmctl/pkg/engine"
 )
 
 // ABIVersion is GLMRT_ABI_VERSION of the header this package was compiled
@@ -264,7 +266,14 @@ func (e *rtEngine) finalize() error {
 
 func (e *rtEngine) step(b *C.glmrt_batch, r *C.glmrt_result) error {
 	if rc := C.call_step(e.lib.api, e.h, b, r); rc != C.GLMRT_OK {
-		return e.lib.fail("glmrt_step", rc)
+		err := e.lib.fail("glmrt_step", rc)
+		if rc == C.GLMRT_ERR_CUDA {
+			// A CUDA error inside a step (illegal address, ECC, a failed
+			// launch) may have left the context unusable (sticky errors
+			// are): the engine stops and the server exits for a restart.
+			err = fmt.Errorf("%w: %w", engine.ErrBackendFatal, err)
+		}
+		return err
 	}
 	return nil
 }
