@@ -24,6 +24,8 @@ RUNTIME  := $(patsubst cuda/%.cu,$(OBJ)/%.o,$(wildcard cuda/runtime/*.cu cuda/co
 TESTS    := $(patsubst cuda/tests/%.cu,$(OUT)/%,$(wildcard cuda/tests/*.cu))
 
 .PHONY: all
+# Keep the test objects (make would delete them as intermediates and recompile each time).
+.SECONDARY:
 all: $(OUT)/libglmcuda.so $(TESTS)
 
 $(OBJ)/%.o: cuda/%.cu $(HEADERS)

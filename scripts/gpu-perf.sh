@@ -4,7 +4,8 @@
 # (libglmcuda.so and the kernel test programs: `cuda/build.sh --check --tests
 # -o .carry/cuda`) carried from the development machine. Stages, in order:
 #
-#   check    kernel_check, attn_check, prefill_check, small_check against float64 references;
+#   check    kernel_check, attn_check, prefill_check, grouped_check, small_check against
+#            float64 references;
 #            the tiny models validated on CUDA (FP8 and exact); greedy tokens with
 #            CUDA graphs on and off (must be identical); the -tags gpu Go tests
 #   kernels  attention decode bench next to PyTorch SDPA on the same shapes;
@@ -16,8 +17,9 @@
 #   ncu      kernel durations of eager decode steps (6 layers) from ncu
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
-#   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes);
-#            time to first token of 2k and 8k prompts with a profile (issue 12)
+#   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes); the
+#            grouped expert GEMM bench next to torch._scaled_mm (PREFILL_BENCH=0 skips
+#            both); time to first token of 2k, 8k and 32k prompts with a profile (issue 12)
 #
 #   scripts/gpu-perf.sh [stage ...]     (default: all stages)
 #
@@ -61,7 +63,7 @@ else
 fi
 
 if want check; then
-  for t in kernel_check attn_check prefill_check small_check; do
+  for t in kernel_check attn_check prefill_check grouped_check small_check; do
     if [[ ! -x "$PRE/$t" ]]; then fail "$t               missing in $PRE"; continue; fi
     if timeout "$T" "$PRE/$t" >"$LOG/$t.log" 2>&1; then note "$(printf '%-21s' $t) ok ($(grep -m1 -o '[0-9]* checks, [0-9]* failed' "$LOG/$t.log"))"
     else fail "$(printf '%-21s' $t) FAIL (see $t.log)"; grep -m12 FAIL "$LOG/$t.log"; tail -3 "$LOG/$t.log"; fi
@@ -152,10 +154,14 @@ if want e2e; then
 fi
 
 if want prefill; then
-  timeout "$T" "$PRE/prefill_check" --bench-only >"$LOG/prefill-bench.txt" 2>&1 || fail "prefill_check --bench FAIL"
-  timeout "$T" python3 scripts/peer_prefill.py >"$LOG/prefill-sdpa.txt" 2>&1 || fail "peer_prefill.py FAIL"
-  cp "$LOG/prefill-bench.txt" "$LOG/prefill-sdpa.txt" "$FINAL/" 2>/dev/null
-  for n in 2048 8192; do
+  if [[ "${PREFILL_BENCH:-1}" == 1 ]]; then
+    timeout "$T" "$PRE/prefill_check" --bench-only >"$LOG/prefill-bench.txt" 2>&1 || fail "prefill_check --bench FAIL"
+    timeout "$T" python3 scripts/peer_prefill.py >"$LOG/prefill-sdpa.txt" 2>&1 || fail "peer_prefill.py FAIL"
+    timeout "$T" "$PRE/grouped_check" --bench-only >"$LOG/grouped-bench.txt" 2>&1 || fail "grouped_check --bench FAIL"
+    timeout "$T" python3 scripts/peer_grouped_gemm.py >"$LOG/grouped-peer.txt" 2>&1 || fail "peer_grouped_gemm.py FAIL"
+    cp "$LOG/prefill-bench.txt" "$LOG/prefill-sdpa.txt" "$LOG/grouped-bench.txt" "$LOG/grouped-peer.txt" "$FINAL/" 2>/dev/null
+  fi
+  for n in 2048 8192 32768; do
     if timeout "$T" "$G" bench "${SYN[@]}" --concurrency 1 --input-len $n --output-len 2 --requests 3 --warmup 1 \
          --profile --markdown >"$LOG/ttft-$n.md" 2>"$LOG/ttft-$n.err"; then
       note "bench TTFT $n         ok (ttft-$n.md)"
@@ -165,7 +171,7 @@ if want prefill; then
 fi
 
 echo
-for f in ttft-2048.md ttft-8192.md grid.md profile-graphs-on.md e2e.md; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
+for f in ttft-2048.md ttft-8192.md ttft-32768.md grid.md profile-graphs-on.md e2e.md; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
 [[ -f "$LOG/prefill-bench.txt" ]] && { echo "==== prefill attention (ours, then SDPA)"; tail -12 "$LOG/prefill-bench.txt"; tail -11 "$LOG/prefill-sdpa.txt"; }
 [[ -f "$LOG/attn-bench.txt" ]] && { echo "==== attention (ours, then SDPA)"; tail -45 "$LOG/attn-bench.txt"; tail -40 "$LOG/sdpa.txt"; }
 echo; echo "==== gpu-perf ($(head -1 "$LOG/device.txt"))"

@@ -370,6 +370,61 @@ cudaError_t gemm_fp8_stream_tuned(const StreamGemmArgs& a, const StreamTuning& t
 // num_sms multiprocessors (1 if K cannot be split in multiples of 128).
 int gemm_fp8_stream_splits(int M, int N, int K, int num_sms);
 
+// -------------------------------------------------------- gemm_grouped.cu
+// Grouped FP8 GEMM on the tensor cores for many rows per group (MoE prefill,
+// where gemm_fp8_stream's weight streaming does little math per weight byte).
+// The grouped form of StreamGemmArgs, same semantics: group g = sorted
+// positions [group_offsets[g], group_offsets[g+1]) (offsets on the device;
+// null: one group of M rows), A row of position p = X[x_rows ? x_rows[p] : p],
+//   Y[p * ldy + n] = (sum_k A[p,k] W[g][n][k]) * x_scale[A row] * w_scale[g][n] + bias[g][n].
+// Each non-empty group is cut into m-tiles of BM sorted rows (64 or 128); a
+// CTA computes one (m-tile, n-tile) of BM rows x BN channels over the whole K
+// on the tensor cores (cp.async pipeline through swizzled shared memory) and
+// finds its group on the device: no host sync, no allocation, capturable in
+// a CUDA graph. Deterministic: one CTA sums each output element, in a fixed
+// order (bit-identical launches). Numerics by default: exact products, FP32
+// sums (6e-6 relative to float64 at K = 5120 on random codes; gemm_fp8_stream,
+// which sums in another order, agrees to the same). M is a bound on the total
+// rows (off[groups] <= M; rows of Y past off[groups] are never touched) and
+// sizes the grid: ceil(M / BM) + min(groups, M, max_active_groups if > 0)
+// m-tiles, so max_active_groups must be a true bound when given.
+// typical_rows_per_group (else M over the groups) picks the tile. Requires
+// K % 128 == 0, N % 128 == 0, W and X 16-byte aligned, Y 8-byte aligned,
+// ldy >= N and even; the FP32-activation path (Xf) and ksplit > 1 are not
+// taken; pdl is ignored (plain launch). cudaErrorInvalidValue otherwise.
+cudaError_t gemm_fp8_grouped_tc(const StreamGemmArgs& a, cudaStream_t st);
+// Whether gemm_fp8_grouped_tc takes an N x K weight shape (N, K > 0 and
+// multiples of 128; the pointer and ldy requirements above are the caller's).
+bool gemm_fp8_grouped_tc_supported(int N, int K);
+// Launch shape and numerics; grouped_check checks and times every variant.
+// E (sm_90): the FP8 operands converted to FP16 on chip (weights into shared
+// memory, activations into registers), wgmma f16 with FP32 accumulation.
+// F (sm_90): wgmma on the FP8 operands, up to twice the tensor rate, with
+// Hopper's FP8 accumulation (~13-bit alignment inside each k32 step) limited,
+// as in cuBLASLt, to one 128-K stage per chain, chains summed in FP32: ~2e-4
+// relative on random FP8 codes, the precision of lt_gemm_fp8 and
+// torch._scaled_mm. M: mma.sync (exact; any sm_89+ GPU; on sm_90 it runs as
+// FP16 HMMA). auto: M up to 32 rows a group (weights-bound), E64x128 up to
+// 64, E128x256 above (F64x256 / F128x256 with fp8_accum; M off sm_90). An E
+// or F tile on a GPU other than sm_90 gives cudaErrorInvalidValue.
+enum GroupedTcTile {
+  kGroupedTcAuto = 0,      // from the rows a group is expected to hold (and fp8_accum, the GPU)
+  kGroupedTcE128x256 = 1,  // exact: 2 warpgroups x m64n256 f16
+  kGroupedTcE128x128 = 2,  // exact: 2 warpgroups x m64n128 f16
+  kGroupedTcE64x128 = 3,   // exact: 2 warpgroups x m64n64 f16, 2 CTAs per SM
+  kGroupedTcF128x256 = 4,  // FP8 accumulation: 2 warpgroups x m64n256
+  kGroupedTcF64x256 = 5,   // FP8 accumulation: 2 warpgroups x m64n128
+  kGroupedTcM64x128 = 6,   // exact: 8 warps x 32x32 mma.sync
+  kGroupedTcTiles = 7
+};
+struct GroupedTcTuning {
+  int tile = kGroupedTcAuto;
+  int panel = 0;      // m-tiles per raster panel (CTAs of a panel share n-tiles); 0: default
+  int fp8_accum = 0;  // auto only: 1 picks an F tile (faster, cuBLASLt's FP8 precision)
+};
+cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tune,
+                                      cudaStream_t st);
+
 // Y[r, n] = (sum_s ws[s][r][n]) * xs[r] * w_scale[n] + bias[n]  (dense, no groups)
 cudaError_t gemm_fp8_epilogue(const float* ws, int ksplit, int M, int N, const float* x_scale,
                               const float* w_scale, const float* bias, float* Y, int64_t ldy,

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""peer_grouped_gemm.py — PyTorch FP8 GEMMs on the shapes of `grouped_check --bench`.
+
+The GLM-4.7 rank MoE GEMMs (one GPU of 8: 20 local experts; gate|up [3072, 5120],
+down [5120, 1536]) for M = 512 .. 16384 rows spread multinomially over the 20 experts,
+through torch._scaled_mm (FP8 e4m3 x e4m3, row-wise scales: scale_a [rows, 1] and
+scale_b [1, N] FP32, as gemm_fp8_grouped_tc's x_scale / w_scale):
+
+  per-expert  one _scaled_mm per non-empty expert ([rows_e, K] x [K, N], rows_e padded
+              up to a multiple of 16, which cuBLASLt's row-wise FP8 GEMM needs), the 20 calls
+              captured in a CUDA graph (no Python launch gaps), the experts' weights
+              rotating over copies (>= 200 MB in all, so L2 never holds them);
+  dense       one _scaled_mm of [M, K] x [K, N] (one weight matrix: the upper bound a
+              grouped kernel could reach with every row in one group).
+
+Timed with CUDA events, median of N graph replays. FLOPs 2 * M * N * K (as grouped_check
+counts them). Output dtype FP32 when _scaled_mm takes it with row-wise scales, else BF16
+(printed). One line per shape, joinable with grouped_check's table on (gemm, M):
+
+    gemm  M  per_expert_ms  TFLOP/s  dense_ms  TFLOP/s  out
+
+    python3 scripts/peer_grouped_gemm.py [--reps N] [--json OUT]
+"""
+import argparse
+import json
+import statistics
+
+import torch
+
+E = 20
+SHAPES = [("gate|up", 3072, 5120), ("down", 5120, 1536)]
+MS = [512, 1024, 2048, 4096, 8192, 16384]
+ROTATE_BYTES = 200e6
+
+
+def median_ms(fn, reps):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b))
+    return statistics.median(ts)
+
+
+def pick_out_dtype(dev):
+    """FP32 output if _scaled_mm takes it with row-wise scales, else BF16."""
+    a = torch.zeros(16, 128, device=dev).to(torch.float8_e4m3fn)
+    b = torch.zeros(128, 128, device=dev).to(torch.float8_e4m3fn)
+    sa = torch.ones(16, 1, device=dev)
+    sb = torch.ones(1, 128, device=dev)
+    try:
+        torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+        return torch.float32
+    except RuntimeError:
+        return torch.bfloat16
+
+
+def rand_fp8(shape, dev):
+    # Random finite E4M3 values (no NaN codes), like the bench's device fill.
+    return (torch.randn(shape, device=dev) * 8).clamp(-448, 448).to(torch.float8_e4m3fn)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    dev = "cuda"
+    torch.manual_seed(0)
+    out_dtype = pick_out_dtype(dev)
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, out {out_dtype}")
+    print(f"{'gemm':8s} {'M':>6s} | {'expert ms':>9s} {'TFLOP/s':>8s} | {'dense ms':>9s} {'TFLOP/s':>8s}")
+    rows = []
+    x_all = rand_fp8((max(MS) + 16 * E, max(k for _, _, k in SHAPES)), dev)
+    for name, N, K in SHAPES:
+        wbytes = E * N * K
+        copies = max(1, int(-(-ROTATE_BYTES // wbytes)))
+        W = [rand_fp8((E, N, K), dev) for _ in range(copies)]
+        ws = torch.full((1, N), 1 / 448, device=dev)
+        for M in MS:
+            counts = torch.bincount(torch.randint(0, E, (M,)), minlength=E).tolist()
+            # cuBLASLt's row-wise-scaled FP8 GEMM refuses row counts that are not
+            # multiples of 16: each expert's rows are padded up to one (at most 15
+            # extra rows an expert, the analogue of a grouped kernel's partial tile).
+            offs = [0]
+            for c in counts:
+                offs.append(offs[-1] + -(-c // 16) * 16)
+            X = x_all[:max(M, offs[-1]), :K].contiguous()
+            xs = torch.full((X.shape[0], 1), 1 / 448, device=dev)
+
+            def per_expert(cp):
+                for e in range(E):
+                    lo, hi = offs[e], offs[e + 1]
+                    if hi > lo:
+                        torch._scaled_mm(X[lo:hi], W[cp][e].t(), scale_a=xs[lo:hi], scale_b=ws,
+                                         out_dtype=out_dtype)
+
+            # One graph holding a pass over every copy: replay / copies = one call.
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                for cp in range(copies):
+                    per_expert(cp)
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                for cp in range(copies):
+                    per_expert(cp)
+            pe_ms = median_ms(g.replay, args.reps) / copies
+            del g
+
+            Wd = W[0][0]
+            dense_ms = median_ms(
+                lambda: torch._scaled_mm(X[:M], Wd.t(), scale_a=xs[:M], scale_b=ws, out_dtype=out_dtype),
+                args.reps)
+            flop = 2.0 * M * N * K
+            r = {"gemm": name, "M": M, "per_expert_ms": pe_ms, "per_expert_tflops": flop / pe_ms / 1e9,
+                 "dense_ms": dense_ms, "dense_tflops": flop / dense_ms / 1e9, "out": str(out_dtype)}
+            rows.append(r)
+            print(f"{name:8s} {M:6d} | {pe_ms:9.4f} {r['per_expert_tflops']:8.1f} | {dense_ms:9.4f} "
+                  f"{r['dense_tflops']:8.1f}", flush=True)
+        del W
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
