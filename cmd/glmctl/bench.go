@@ -32,14 +32,26 @@ under uniform routing, plus the KV cache at the mean context) divided by the mem
 "of floor" is floor TPOT / measured mean TPOT. --project-model adds the floor another model
 (e.g. testdata/glm-4.7-fp8, config only) would have at the same batch and context: a projection,
 not a measurement. --synthetic glm-4.7 --rank 0/8 runs exactly one rank's share of the real
-model on synthetic weights generated at load (no checkpoint; docs/synthetic.md). See docs/bench.md.`,
+model on synthetic weights generated at load (no checkpoint; docs/synthetic.md).
+
+With --url, bench is instead a load generator for any OpenAI-compatible server (glmctl serve,
+vLLM, SGLang, llama-server): streaming --endpoint requests at each --concurrency or at a Poisson
+--request-rate, with random prompts of --input-len tokens (counted by the server's /tokenize) or
+a --dataset file; it reports TTFT, TPOT, ITL, end-to-end latency, throughput, goodput under --slo
+and failures by kind. --model is then the served model's name. See docs/bench.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if a.v.GetString("url") != "" {
+				return a.runBenchURL(cmd)
+			}
+			if err := checkInProcessFlags(cmd); err != nil {
+				return err
+			}
 			return a.runBench(cmd.Context(), commandLine(cmd))
 		},
 	}
 	f := cmd.Flags()
-	f.String("model", "testdata/models/tiny-f32", "model directory")
+	f.String("model", "testdata/models/tiny-f32", "model directory (with --url: the served model's name, default the first of GET /v1/models)")
 	addBackendFlags(f)
 	addSyntheticFlags(f)
 	f.Int("max-seqs", 0, "most sequences running at once (0 = engine default); must be >= every --concurrency")
@@ -50,7 +62,7 @@ model on synthetic weights generated at load (no checkpoint; docs/synthetic.md).
 	f.Int("output-len", 128, "generated tokens per request (EOS ignored)")
 	f.Int("requests", 0, "measured requests per run (0 = 4 × concurrency; never fewer than the concurrency)")
 	f.Int("warmup", -1, "warm-up requests before each run, not measured (-1 = one per in-flight slot)")
-	f.Int64("seed", 0, "seed of the random prompt ids (and of sampling with --temperature)")
+	f.Int64("seed", 0, "seed of the random prompts (and of sampling with --temperature)")
 	f.Float32("temperature", 0, "sampling temperature (0 = greedy)")
 	f.Float64("hbm-bandwidth", 0, "memory bandwidth for the floor in bytes/s (0 = from the device: H200 4.46e12 measured, H100 3.11e12 estimated, CPU 20e9 assumed)")
 	f.Int("ep", 0, "expert-parallel group size the floor assumes (0 = --tp)")
@@ -62,6 +74,7 @@ model on synthetic weights generated at load (no checkpoint; docs/synthetic.md).
 	f.Bool("json", false, "print the whole report as JSON")
 	f.Bool("markdown", false, "print the header and a markdown table (for docs/perf.md)")
 	addStepBenchFlags(f)
+	addURLBenchFlags(f)
 	return cmd
 }
 

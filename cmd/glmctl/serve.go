@@ -26,7 +26,9 @@ func (a *app) newServeCmd() *cobra.Command {
 		Short: "Serve the OpenAI-compatible API",
 		Long: `serve loads a model directory on a backend and serves an OpenAI-compatible HTTP API:
 POST /v1/chat/completions and /v1/completions (streamed as server-sent events or not),
-GET /v1/models, /healthz (process up), /readyz (engine running) and /metrics (Prometheus).
+GET /v1/models, /healthz (process up), /readyz (engine running) and /metrics (Prometheus),
+and vLLM's utility routes: GET /health (200 when ready, else 503), GET /version, POST /tokenize
+and POST /detokenize.
 
 Every flag can also be set as GLMCTL_<FLAG> (dashes as underscores, e.g.
 GLMCTL_API_KEY) or in the config file. SIGTERM or Ctrl-C stops accepting
@@ -153,6 +155,8 @@ func (a *app) runServe(ctx context.Context) error {
 		Sampling:        sampling,
 		ShutdownTimeout: v.GetDuration("shutdown-timeout"),
 		Logger:          log,
+		Version:         version,
+		Commit:          buildCommit(),
 	})
 	if err != nil {
 		return err
@@ -166,6 +170,9 @@ type serveTokenizer struct{ b *tokenizer.Bundle }
 func (t serveTokenizer) Encode(text string) ([]int32, error) { return t.b.Encode(text, false) }
 
 func (t serveTokenizer) Decode(ids []int32) (string, error) { return t.b.Decode(ids, true) }
+
+// DecodeWithSpecial keeps special tokens, for /detokenize (server.SpecialDecoder).
+func (t serveTokenizer) DecodeWithSpecial(ids []int32) (string, error) { return t.b.Decode(ids, false) }
 
 func (t serveTokenizer) TokenText(id int32) string {
 	s, err := t.b.Decode([]int32{id}, false)

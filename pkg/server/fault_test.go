@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"runtime"
 	"strings"
@@ -33,6 +34,7 @@ type reply struct {
 	stream bool
 	code   int
 	body   string
+	err    error // transport error: no HTTP response at all
 }
 
 // errored reports whether the reply carries an OpenAI-style error: a non-200
@@ -51,8 +53,16 @@ func fire(t *testing.T, ts *testServer, n, maxTokens int) []reply {
 		wg.Go(func() {
 			stream := i%2 == 1
 			body := fmt.Sprintf(`{"prompt":"request %d","max_tokens":%d,"stream":%v,"ignore_eos":true}`, i, maxTokens, stream)
-			code, _, b := ts.post(t, "/v1/completions", body)
-			out[i] = reply{stream: stream, code: code, body: string(b)}
+			// Not ts.post: t.Fatal must not be called off the test goroutine.
+			out[i] = reply{stream: stream}
+			resp, err := http.Post(ts.url+"/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				out[i].err = err
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			out[i].code, out[i].body, out[i].err = resp.StatusCode, string(b), err
 		})
 	}
 	done := make(chan struct{})
@@ -71,6 +81,8 @@ func fire(t *testing.T, ts *testServer, n, maxTokens int) []reply {
 func checkReply(t *testing.T, i int, r reply) {
 	t.Helper()
 	switch {
+	case r.err != nil:
+		t.Errorf("request %d: no reply: %v", i, r.err)
 	case r.stream && r.code == http.StatusOK:
 		events := readSSE(t, []byte(r.body))
 		last := string(events[len(events)-1])
@@ -177,11 +189,21 @@ func TestFaultServerStall(t *testing.T) {
 // command exits non-zero so that a supervisor restarts it).
 func TestFaultServerFatal(t *testing.T) {
 	ts, _ := faultServer(t, faultinject.Fault{Kind: faultinject.Fatal, Step: 4})
+	answered := 0
 	for i, r := range fire(t, ts, 6, 50) {
+		// A client that connects after the fatal step finds the server gone
+		// (it stops accepting at once): refused, never admitted, not lost.
+		if r.err != nil && strings.Contains(r.err.Error(), "connection refused") {
+			continue
+		}
+		answered++
 		checkReply(t, i, r)
 		if !r.errored() {
 			t.Errorf("request %d completed across a fatal error: %d %s", i, r.code, r.body)
 		}
+	}
+	if answered < 1 {
+		t.Errorf("none of the 6 requests reached the server (%d): the fatal step cannot have run", answered)
 	}
 	var err error
 	select {

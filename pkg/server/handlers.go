@@ -31,6 +31,10 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /healthz", s.instrument("/healthz", false, s.handleHealth))
 	mux.Handle("GET /readyz", s.instrument("/readyz", false, s.handleReady))
 	mux.Handle("GET /metrics", s.instrument("/metrics", false, s.metrics.handler().ServeHTTP))
+	mux.Handle("GET "+pathHealth, s.instrument(pathHealth, false, s.handleVLLMHealth))
+	mux.Handle("GET "+pathVersion, s.instrument(pathVersion, false, s.handleVersion))
+	mux.Handle("POST "+pathTokenize, s.instrument(pathTokenize, true, s.handleTokenize))
+	mux.Handle("POST "+pathDetokenize, s.instrument(pathDetokenize, true, s.handleDetokenize))
 	mux.Handle("/", s.instrument("other", true, s.handleUnknown))
 	return mux
 }
@@ -44,16 +48,7 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 // progress, and the server is not shutting down.
 func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	reason := ""
-	switch {
-	case s.draining.Load():
-		reason = "shutting down"
-	case !s.engineUp.Load():
-		reason = "engine not running"
-	case s.progress.stalled(time.Now(), s.opts.StallTimeout):
-		reason = fmt.Sprintf("engine has made no progress for over %s", s.opts.StallTimeout)
-	}
-	if reason != "" {
+	if reason := s.notReady(); reason != "" {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = fmt.Fprintf(w, "not ready: %s\n", reason)
 		return
@@ -64,6 +59,7 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 func (s *Server) handleUnknown(w http.ResponseWriter, r *http.Request) {
 	for _, p := range []struct{ path, allow string }{
 		{pathChat, "POST"}, {pathCompletions, "POST"}, {pathModels, "GET"}, {"/healthz", "GET"}, {"/readyz", "GET"}, {"/metrics", "GET"},
+		{pathHealth, "GET"}, {pathVersion, "GET"}, {pathTokenize, "POST"}, {pathDetokenize, "POST"},
 	} {
 		if r.URL.Path == p.path {
 			w.Header().Set("Allow", p.allow)

@@ -76,7 +76,7 @@ func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter 
 // recovery, the API key check (when auth is set and the path is under
 // /v1/), metrics and one log line.
 func (s *Server) instrument(path string, auth bool, h http.HandlerFunc) http.Handler {
-	api := strings.HasPrefix(path, "/v1/")
+	api := strings.HasPrefix(path, "/v1/") || path == pathTokenize || path == pathDetokenize
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ri := &requestInfo{id: requestID(r.Header.Get(RequestIDHeader)), path: path, start: time.Now()}
 		w.Header().Set(RequestIDHeader, ri.id)
@@ -105,7 +105,7 @@ func (s *Server) instrument(path string, auth bool, h http.HandlerFunc) http.Han
 			s.metrics.requests.WithLabelValues(path, strconv.Itoa(status)).Inc()
 			s.logRequest(r, ri, status, api)
 		}()
-		if auth && s.opts.APIKey != "" && strings.HasPrefix(r.URL.Path, "/v1/") && !s.authorized(r) {
+		if auth && s.opts.APIKey != "" && needsKey(r.URL.Path) && !s.authorized(r) {
 			writeError(rec, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
 				Message: "missing or incorrect API key: send it as \"Authorization: Bearer KEY\""})
 			ri.errMsg = "unauthorized"
@@ -113,6 +113,13 @@ func (s *Server) instrument(path string, auth bool, h http.HandlerFunc) http.Han
 		}
 		h(rec, r)
 	})
+}
+
+// needsKey reports whether a request path needs the API key (when one is
+// set): the /v1/ API and /tokenize, /detokenize; probes, /version and
+// /metrics stay open.
+func needsKey(path string) bool {
+	return strings.HasPrefix(path, "/v1/") || path == pathTokenize || path == pathDetokenize
 }
 
 func (s *Server) logRequest(r *http.Request, ri *requestInfo, status int, api bool) {

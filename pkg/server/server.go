@@ -125,6 +125,9 @@ type Options struct {
 	// Logger receives the per-request lines and lifecycle logs. nil =
 	// slog.Default().
 	Logger *slog.Logger
+	// Version and Commit are what GET /version reports ("dev" when empty).
+	Version string
+	Commit  string
 }
 
 // Server serves the OpenAI-compatible API over one engine.
