@@ -1034,11 +1034,17 @@ static_assert(kPrefillMaxRows == 128, "workspace slots sized for 128-row items")
 
 // Knobs (defaults; attn_check --sweep-prefill changes them through the hook
 // at the end of this part).
+// Defaults from prefill_check --sweep on an H200 (2026-11-24, ms): 2k prompt
+// 128 rows split 0.5: 0.129, unsplit 0.086, 64 rows 0.067; 8k prompt 128 rows
+// 0.641, 64 rows 0.752; 2k chunk after 14k 128 rows split 2.0: 0.749, 64 rows
+// 0.918; 8 prompts of 1k 128 rows 0.115, 64 rows 0.135; 3 stages slower at
+// 128 rows (shared memory halves the CTAs per SM), equal at 64.
 struct PfTuning {
-  int rows = 128;             // rows per item: 128 (4 warps x 32 rows) or 64 (4 warps x 16 rows)
+  int rows = 0;               // rows per item: 128 (4 warps x 32 rows), 64 (4 warps x 16 rows),
+                              // 0: chosen per step (see pf_auto_rows)
   int stages = 2;             // K/V ring depth: 2 or 3 (smem 96 / 128 KB per CTA at 128 rows)
   int min_split_tiles = 4;    // pieces of a split item have at least this many 64-key tiles
-  float split_frac = 0.5f;    // split target: split_frac * (tiles per SM); 0: never split
+  float split_frac = 2.0f;    // split target: split_frac * (tiles per SM); 0: never split
 };
 PfTuning g_pf_tuning;
 
@@ -1436,13 +1442,31 @@ bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, in
                   const char** why, const int* seq_index) {
   plan->n_items = plan->n_parts = plan->n_merges = 0;
   const PfTuning tu = g_pf_tuning;
-  const int R = tu.rows == 64 ? 64 : 128;
-  plan->rows = R;
   if (G < 1 || n_kv_heads < 1) {
     *why = "prefill attention: bad head counts";
     return false;
   }
   if (num_sms <= 0) num_sms = 132;
+  // Auto rows: 64-row items (twice the CTAs, each K/V tile shared by half the
+  // rows) when 128-row items would not fill four CTAs per SM and are short
+  // (under 64 tiles of keys on average: early prompt chunks, whose causal
+  // triangle makes items uneven); 128 otherwise (long key ranges, many items).
+  int R = tu.rows == 64 ? 64 : 128;
+  if (tu.rows != 64 && tu.rows != 128) {
+    long long n128 = 0, tiles128 = 0;
+    for (int s = 0; s < n_seqs; ++s) {
+      const AttnSeqDesc& d = seqs[s];
+      if (d.n_q <= 0) continue;
+      const long long rows = (long long)d.n_q * G;
+      for (long long r0 = 0; r0 < rows; r0 += 128) {
+        const long long last = (std::min(rows, r0 + 128) - 1) / G;
+        tiles128 += (d.start_pos + last + 1 + kPfBN - 1) / kPfBN;
+        ++n128;
+      }
+    }
+    R = (n128 * n_kv_heads < 4LL * num_sms && tiles128 < 64 * n128) ? 64 : 128;
+  }
+  plan->rows = R;
   struct Blk {
     int s, row0, n_rows, k_end, tiles, n, part0, counter;
   };

@@ -505,7 +505,7 @@ static void sweep() {
   printf("%-26s", "rows st mst frac");
   for (auto& s : shapes) printf(" %20s", s.name.c_str());
   printf("\n");
-  for (int rows : {128, 64})
+  for (int rows : {0, 128, 64})  // 0: the planner's choice
     for (int st : {2, 3})
       for (float frac : {0.f, 0.5f, 1.0f, 2.0f}) {
         PrefillAttnTuning t{rows, st, 4, frac};
