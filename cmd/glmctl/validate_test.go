@@ -24,6 +24,14 @@ func TestValidate(t *testing.T) {
 			stdout: []string{"Golden " + tinyF32 + ".golden.json", "exact float32 path", "REL L2", "PASS: 6 of 6 cases passed"},
 		},
 		{
+			// scripts/make_long_golden.py: 3,000 tokens from the numpy float64
+			// reference (RoPE and attention over thousands of positions).
+			name:   "long-context golden passes on the exact path",
+			args:   []string{"validate", "--model", tinyF32, "--backend", "cpu", "--golden", tinyF32 + ".long.golden.json"},
+			code:   0,
+			stdout: []string{"exact float32 path", "PASS: 1 of 1 cases passed"},
+		},
+		{
 			// The tiny models are conditioned so that FP8 activations meet
 			// issue 3's criterion against the float32 goldens (docs/validation.md).
 			name:   "FP8 activations pass the float32 golden with the FP8 tolerances",

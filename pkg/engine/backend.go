@@ -39,6 +39,9 @@ type BackendInfo struct {
 	KVBlockSize  int    // tokens per KV block
 	NumKVBlocks  int    // blocks in the pool; block ids are 0..NumKVBlocks-1
 	MaxBatchSeqs int    // most sequences one step accepts (0 = no limit)
+	// MaxStepTokens is the most new tokens one step accepts (0 = no limit);
+	// longer prompts are prefilled in chunks.
+	MaxStepTokens int
 }
 
 // StepBatch is the flat batch description of one step. Token ids of all

@@ -192,11 +192,27 @@ func runCase(ctx context.Context, be engine.Backend, info engine.BackendInfo, c 
 	greedy := engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1}
 
 	cr := CaseResult{Case: idx, PromptLen: len(prompt), GreedySteps: steps}
-	// Prefill: the whole prompt in one step.
+	// Prefill: the whole prompt in one step, or in chunks of the backend's
+	// step limit (a long-context case), the last chunk sampling.
+	chunk := len(prompt)
+	if info.MaxStepTokens > 0 && chunk > info.MaxStepTokens {
+		chunk = info.MaxStepTokens
+	}
+	for start := 0; start+chunk < len(prompt); start += chunk {
+		if _, err := be.Step(ctx, &engine.StepBatch{Seqs: []engine.StepSeq{{
+			SeqID: seqID, Tokens: prompt[start : start+chunk], StartPos: start, BlockTable: table,
+		}}}); err != nil {
+			return cr, fmt.Errorf("prefill chunk of %d tokens at %d: %w", chunk, start, err)
+		}
+	}
+	last := (len(prompt) - 1) / chunk * chunk
 	res, err := step(ctx, be, engine.StepSeq{
-		SeqID: seqID, Tokens: prompt, StartPos: 0, BlockTable: table,
+		SeqID: seqID, Tokens: prompt[last:], StartPos: last, BlockTable: table,
 		Sample: true, Sampling: greedy, PromptTokens: prompt, WantLogits: true,
 	}, info.VocabSize)
+	if err != nil && last > 0 {
+		return cr, fmt.Errorf("prefill of %d tokens (last chunk at %d): %w", len(prompt), last, err)
+	}
 	if err != nil {
 		return cr, fmt.Errorf("prefill of %d tokens: %w", len(prompt), err)
 	}

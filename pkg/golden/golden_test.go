@@ -109,6 +109,7 @@ type fakeBackend struct {
 	tweak func(c, step int, logits []float32, tok *int32)
 	fail  error
 	extra bool // return one result too many
+	steps []int // new tokens of every step received
 }
 
 func newFake(f *File, vocab int) *fakeBackend {
@@ -129,6 +130,10 @@ func (b *fakeBackend) Step(_ context.Context, batch *engine.StepBatch) ([]engine
 	var out []engine.SeqResult
 	bs := b.info.KVBlockSize
 	for _, s := range batch.Seqs {
+		b.steps = append(b.steps, len(s.Tokens))
+		if b.info.MaxStepTokens > 0 && len(s.Tokens) > b.info.MaxStepTokens {
+			return nil, fmt.Errorf("fake: %d tokens in one step, limit %d", len(s.Tokens), b.info.MaxStepTokens)
+		}
 		end := s.StartPos + len(s.Tokens)
 		for i, tok := range s.Tokens {
 			p := s.StartPos + i
@@ -144,6 +149,17 @@ func (b *fakeBackend) Step(_ context.Context, batch *engine.StepBatch) ([]engine
 			if end >= n && end < n+len(c.GreedyTokenIDs) &&
 				slices.Equal(seq[:n], c.PromptTokenIDs) && slices.Equal(seq[n:], c.GreedyTokenIDs[:end-n]) {
 				ci, stepIdx = i, end-n
+			}
+		}
+		if ci < 0 && !s.Sample && !s.WantLogits {
+			for _, c := range b.f.Cases { // an early prefill chunk: no result wanted
+				if end < len(c.PromptTokenIDs) && slices.Equal(seq, c.PromptTokenIDs[:end]) {
+					ci = -2
+				}
+			}
+			if ci == -2 {
+				out = append(out, engine.SeqResult{SeqID: s.SeqID})
+				continue
 			}
 		}
 		if ci < 0 {
@@ -274,6 +290,28 @@ func TestCompare(t *testing.T) {
 				t.Errorf("Err() = %v, want the worst case %d and %q", err, tt.worst, tt.wantFail)
 			}
 		})
+	}
+}
+
+// A backend with a step limit below a prompt gets the prompt in chunks, the
+// last one sampling; the comparison is the same as in one step.
+func TestCompareChunkedPrefill(t *testing.T) {
+	f, err := Parse([]byte(validDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newFake(f, 8)
+	b.info.MaxStepTokens = 2
+	rep, err := Compare(context.Background(), b, f, Options{Tolerances: ExactTolerances})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.Err(); err != nil {
+		t.Error(err)
+	}
+	// Case 0: prompt of 3 in chunks 2 + 1, then 2 decode steps; case 1: 1, then 1.
+	if want := []int{2, 1, 1, 1, 1, 1}; !slices.Equal(b.steps, want) {
+		t.Errorf("step sizes %v, want %v", b.steps, want)
 	}
 }
 
