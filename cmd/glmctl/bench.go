@@ -60,6 +60,7 @@ and failures by kind. --model is then the served model's name. See docs/bench.md
 	f.String("concurrency", "1,4,16", "comma-separated requests in flight, one run per value")
 	f.Int("input-len", 128, "prompt tokens per request")
 	f.Int("output-len", 128, "generated tokens per request (EOS ignored)")
+	f.Int("arrival-len", 0, "once each run's streams are decoding, one more request with a prompt of this many tokens arrives: report its TTFT and the streams' inter-token latency during its prefill (0 = none)")
 	f.Int("requests", 0, "measured requests per run (0 = 4 × concurrency; never fewer than the concurrency)")
 	f.Int("warmup", -1, "warm-up requests before each run, not measured (-1 = one per in-flight slot)")
 	f.Int64("seed", 0, "seed of the random prompts (and of sampling with --temperature)")
@@ -180,6 +181,7 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		OutputLen:   v.GetInt("output-len"),
 		Seed:        v.GetInt64("seed"),
 		Temperature: float32(v.GetFloat64("temperature")),
+		ArrivalLen:  v.GetInt("arrival-len"),
 	}
 	kvElem, err := kvElemBytes(v.GetString("floor-kv-dtype"))
 	if err != nil {
@@ -324,6 +326,9 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	}
 	if err := renderTable(a.out, rep.Columns(), rep.TableRows()); err != nil {
 		return err
+	}
+	for _, l := range rep.ArrivalLines() {
+		fmt.Fprintln(a.out, l)
 	}
 	return a.printRunProfiles(runs, bw)
 }

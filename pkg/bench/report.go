@@ -141,6 +141,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	var b strings.Builder
 	writeMDHeader(&b, r.HeaderLines())
 	writeMDTable(&b, r.Columns(), r.TableRows())
+	for _, l := range r.ArrivalLines() {
+		b.WriteString("\n" + l + "\n")
+	}
 	var bandwidth float64
 	if r.Header.Floor != nil {
 		bandwidth = r.Header.Floor.Bandwidth.BytesPerSecond
@@ -220,4 +223,24 @@ func bytesText(n float64) string {
 		return fmt.Sprintf("%.3g kB", n/1e3)
 	}
 	return fmt.Sprintf("%.0f B", n)
+}
+
+// ArrivalLines describes each run's mid-run arrival (Workload.ArrivalLen):
+// its TTFT and prefill rate, and the running streams' inter-token latency
+// while it was prefilled next to before it.
+func (r *Report) ArrivalLines() []string {
+	var out []string
+	for _, run := range r.Runs {
+		a := run.Arrival
+		if a == nil {
+			continue
+		}
+		l := fmt.Sprintf("Arrival at concurrency %d: a %d-token prompt, TTFT %s ms (%s prompt tok/s); the running streams' ITL during its prefill p50/p99/max %s/%s/%s ms over %d gaps",
+			run.Concurrency, a.PromptTokens, num(a.TTFTMs), num(a.PrefillTokPerS), num(a.ITLDuringMs.P50), num(a.ITLDuringMs.P99), num(a.ITLDuringMax), a.GapsDuring)
+		if a.GapsBefore > 0 {
+			l += fmt.Sprintf(", before it p50/p99 %s/%s ms", num(a.ITLBeforeMs.P50), num(a.ITLBeforeMs.P99))
+		}
+		out = append(out, l+".")
+	}
+	return out
 }

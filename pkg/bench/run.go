@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/glmctl/glmctl/pkg/engine"
@@ -31,6 +32,12 @@ type Workload struct {
 	OutputLen   int     `json:"output_len"` // generated tokens per request (EOS ignored)
 	Seed        int64   `json:"seed"`       // prompt ids and sampling seeds
 	Temperature float32 `json:"temperature"`
+	// ArrivalLen > 0: once the run's streams are all decoding, one more
+	// request with a prompt of this many tokens (and one output token)
+	// arrives; the run then reports its TTFT and the running streams'
+	// inter-token latency while it was prefilled (chunked prefill mixed
+	// with decode under the step's token budget).
+	ArrivalLen int `json:"arrival_len,omitempty"`
 }
 
 // Limits on a workload, to keep a typo from allocating gigabytes of prompts.
@@ -82,6 +89,8 @@ func (w Workload) Check(lim engine.Limits) error {
 		return fmt.Errorf("input length: must be >= 1, got %d", w.InputLen)
 	case w.OutputLen < 2:
 		return fmt.Errorf("output length: must be >= 2 (TPOT needs two tokens), got %d", w.OutputLen)
+	case w.ArrivalLen < 0 || w.ArrivalLen > lim.MaxModelLen-1:
+		return fmt.Errorf("arrival length: %d out of range [0, %d] (the engine's max model length - 1)", w.ArrivalLen, lim.MaxModelLen-1)
 	case w.InputLen+w.OutputLen > lim.MaxModelLen:
 		return fmt.Errorf("input length %d + output length %d exceed the engine's max model length %d (context limit or KV pool)", w.InputLen, w.OutputLen, lim.MaxModelLen)
 	case math.IsNaN(float64(w.Temperature)) || w.Temperature < 0:
@@ -215,6 +224,22 @@ type RunResult struct {
 	// Profile is the GPU time of the run's steps by kernel family (--profile;
 	// prefill and decode steps together, as they ran).
 	Profile *ProfileReport `json:"profile,omitempty"`
+	// Arrival is the long prompt that arrived mid-run (Workload.ArrivalLen).
+	Arrival *ArrivalResult `json:"arrival,omitempty"`
+}
+
+// ArrivalResult is what a long prompt arriving among decoding streams did.
+type ArrivalResult struct {
+	PromptTokens   int     `json:"prompt_tokens"`
+	TTFTMs         float64 `json:"ttft_ms"`           // its submit to its first token
+	PrefillTokPerS float64 `json:"prefill_tok_per_s"` // prompt tokens / TTFT
+	// Inter-token gaps of the running streams whose interval overlaps the
+	// arrival's prefill (submit to first token), and those that ended before it.
+	ITLDuringMs  Percentiles `json:"itl_during_ms"`
+	ITLDuringMax float64     `json:"itl_during_max_ms"`
+	GapsDuring   int         `json:"gaps_during"`
+	ITLBeforeMs  Percentiles `json:"itl_before_ms"`
+	GapsBefore   int         `json:"gaps_before"`
 }
 
 // requestTiming is what one request's stream showed.
@@ -222,6 +247,7 @@ type requestTiming struct {
 	submit, first, last time.Time
 	tokens              int
 	prompt              int
+	stamps              []time.Time // every token's arrival (for inter-token gaps)
 }
 
 // Run measures one workload run per concurrency value on a running engine,
@@ -275,7 +301,7 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 	// Seeds for sampled runs: distinct per request, reproducible per run.
 	seedBase := w.Seed + int64(runIndex)<<32
 	if nWarm > 0 {
-		if _, err := drive(ctx, eng, w, min(c, nWarm), warm, seedBase+int64(nReq)); err != nil {
+		if _, err := drive(ctx, eng, w, min(c, nWarm), warm, seedBase+int64(nReq), nil); err != nil {
 			return RunResult{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -286,7 +312,16 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 	}
 	before := eng.Stats()
 	start := time.Now()
-	timings, err := drive(ctx, eng, w, c, measured, seedBase)
+	var (
+		timings []requestTiming
+		err     error
+		arrival *requestTiming
+	)
+	if w.ArrivalLen > 0 {
+		timings, arrival, err = driveWithArrival(ctx, eng, w, c, measured, seedBase, rng)
+	} else {
+		timings, err = drive(ctx, eng, w, c, measured, seedBase, nil)
+	}
 	if err != nil {
 		if prof != nil {
 			_, _ = prof.StopProfile()
@@ -325,6 +360,9 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 		tpot = append(tpot, ms(t.last.Sub(t.first))/float64(t.tokens-1))
 	}
 	r.TTFTMs, r.TPOTMs = summarise(ttft), summarise(tpot)
+	if arrival != nil {
+		r.Arrival = arrivalResult(*arrival, timings)
+	}
 	if s := wall.Seconds(); s > 0 {
 		r.OutputTokensPerSecond = float64(r.OutputTokens) / s
 		r.TotalTokensPerSecond = float64(r.PromptTokens+r.OutputTokens) / s
@@ -338,7 +376,8 @@ func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 // drive runs prompts through eng with at most c in flight (closed loop:
 // each of c workers submits its next request when the previous one ends)
 // and checks that every request produced exactly w.OutputLen tokens.
-func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64) ([]requestTiming, error) {
+// tokens, if not nil, counts every token the streams receive.
+func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64, tokens *atomic.Int64) ([]requestTiming, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	timings := make([]requestTiming, len(prompts))
@@ -382,7 +421,7 @@ func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [
 				if w.Temperature > 0 {
 					req.Sampling.Seed, req.Sampling.HasSeed = seedBase+int64(i), true
 				}
-				t, err := oneRequest(ctx, eng, req, w.OutputLen)
+				t, err := oneRequest(ctx, eng, req, w.OutputLen, tokens)
 				if err != nil {
 					fail(fmt.Errorf("request %d: %w", i, err))
 					return
@@ -402,7 +441,7 @@ func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [
 }
 
 // oneRequest submits req and follows its stream to the end.
-func oneRequest(ctx context.Context, eng *engine.Engine, req *engine.Request, want int) (requestTiming, error) {
+func oneRequest(ctx context.Context, eng *engine.Engine, req *engine.Request, want int, tokens *atomic.Int64) (requestTiming, error) {
 	t := requestTiming{prompt: len(req.PromptTokens), submit: time.Now()}
 	st, err := eng.Submit(ctx, req)
 	if err != nil {
@@ -418,6 +457,10 @@ func oneRequest(ctx context.Context, eng *engine.Engine, req *engine.Request, wa
 			}
 			t.last = now
 			t.tokens++
+			t.stamps = append(t.stamps, now)
+			if tokens != nil {
+				tokens.Add(1)
+			}
 		}
 		if ev.Finish != "" {
 			final = &ev
@@ -474,4 +517,84 @@ func floorAt(r *RunResult, m FloorModel, bw Bandwidth) (Floor, error) {
 		return Floor{}, fmt.Errorf("run at concurrency %d recorded no engine steps", r.Concurrency)
 	}
 	return m.Floor(r.Steps.MeanDecodeBatch, r.MeanDecodeContext, bw.BytesPerSecond)
+}
+
+// driveWithArrival runs drive and, once every stream of the first wave has
+// produced two tokens, submits one request with a prompt of w.ArrivalLen
+// random tokens and one output token. It returns the streams' timings and
+// the arrival's.
+func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64, rng *rand.Rand) ([]requestTiming, *requestTiming, error) {
+	vocab := eng.Limits().VocabSize
+	long := make([]int32, w.ArrivalLen)
+	for j := range long {
+		long[j] = int32(rng.IntN(vocab))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var tokens atomic.Int64
+	type out struct {
+		t   []requestTiming
+		err error
+	}
+	streams := make(chan out, 1)
+	go func() {
+		t, err := drive(ctx, eng, w, c, prompts, seedBase, &tokens)
+		streams <- out{t, err}
+	}()
+	want := int64(2 * min(c, len(prompts)))
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for tokens.Load() < want {
+		select {
+		case o := <-streams: // the streams ended before the arrival could be placed
+			if o.err != nil {
+				return nil, nil, o.err
+			}
+			return nil, nil, fmt.Errorf("arrival: the streams finished before all %d of them were decoding; raise --output-len", c)
+		case <-tick.C:
+		}
+	}
+	req := &engine.Request{
+		Label: "bench-arrival", PromptTokens: long, MaxTokens: 1, IgnoreEOS: true,
+		Sampling: engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1},
+	}
+	at, err := oneRequest(ctx, eng, req, 1, nil)
+	if err != nil {
+		cancel()
+		<-streams
+		return nil, nil, fmt.Errorf("arrival of %d prompt tokens: %w", w.ArrivalLen, err)
+	}
+	o := <-streams
+	if o.err != nil {
+		return nil, nil, o.err
+	}
+	return o.t, &at, nil
+}
+
+// arrivalResult summarises the arrival's TTFT and the streams' inter-token
+// gaps during its prefill ([submit, first token]) and before it.
+func arrivalResult(a requestTiming, streams []requestTiming) *ArrivalResult {
+	ttft := a.first.Sub(a.submit)
+	r := &ArrivalResult{PromptTokens: a.prompt, TTFTMs: ms(ttft)}
+	if ttft > 0 {
+		r.PrefillTokPerS = float64(a.prompt) / ttft.Seconds()
+	}
+	var during, before []float64
+	for _, s := range streams {
+		for i := 1; i < len(s.stamps); i++ {
+			g0, g1 := s.stamps[i-1], s.stamps[i]
+			switch {
+			case g1.After(a.submit) && g0.Before(a.first):
+				during = append(during, ms(g1.Sub(g0)))
+			case !g1.After(a.submit):
+				before = append(before, ms(g1.Sub(g0)))
+			}
+		}
+	}
+	r.GapsDuring, r.GapsBefore = len(during), len(before)
+	r.ITLDuringMs, r.ITLBeforeMs = summarise(during), summarise(before)
+	for _, g := range during {
+		r.ITLDuringMax = max(r.ITLDuringMax, g)
+	}
+	return r
 }

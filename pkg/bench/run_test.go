@@ -254,3 +254,38 @@ func TestNum(t *testing.T) {
 		}
 	}
 }
+
+// A long prompt arriving among decoding streams: its TTFT and the streams'
+// inter-token gaps during its prefill are reported; its tokens are not part
+// of the run's totals. A step budget below the prompt makes the engine mix
+// prefill chunks with the streams' decode tokens.
+func TestRunArrival(t *testing.T) {
+	eng := startEngine(t, engine.Config{MaxSeqs: 4, MaxBatchedTokens: 32})
+	w := Workload{Concurrency: []int{2}, Requests: 2, Warmup: 0, InputLen: 8, OutputLen: 48, ArrivalLen: 200}
+	runs, err := Run(context.Background(), eng, w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := runs[0].Arrival
+	if a == nil {
+		t.Fatal("no arrival result")
+	}
+	if a.PromptTokens != 200 || a.TTFTMs <= 0 || a.PrefillTokPerS <= 0 {
+		t.Errorf("arrival %+v", a)
+	}
+	// 200 tokens at <= 32 per step take >= 7 steps, each also decoding the streams.
+	if a.GapsDuring < 2 || a.ITLDuringMs.P50 <= 0 || a.ITLDuringMax < a.ITLDuringMs.P50 {
+		t.Errorf("streams' gaps during the arrival: %+v", a)
+	}
+	if runs[0].OutputTokens != 2*48 || runs[0].PromptTokens != 2*8 {
+		t.Errorf("run totals include the arrival: prompt %d output %d", runs[0].PromptTokens, runs[0].OutputTokens)
+	}
+	rep := &Report{Runs: runs}
+	if l := rep.ArrivalLines(); len(l) != 1 || !strings.Contains(l[0], "a 200-token prompt, TTFT") {
+		t.Errorf("arrival lines %q", l)
+	}
+	w.ArrivalLen = 1 << 20
+	if _, err := Run(context.Background(), eng, w, nil); err == nil || !strings.Contains(err.Error(), "arrival length") {
+		t.Errorf("oversized arrival: err %v", err)
+	}
+}

@@ -108,7 +108,7 @@ type fakeBackend struct {
 	slots map[int]int32
 	tweak func(c, step int, logits []float32, tok *int32)
 	fail  error
-	extra bool // return one result too many
+	extra bool  // return one result too many
 	steps []int // new tokens of every step received
 }
 
