@@ -19,7 +19,8 @@
 #            engine, timed from the command's start to its table
 #   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes); the
 #            grouped expert GEMM bench next to torch._scaled_mm (PREFILL_BENCH=0 skips
-#            both); time to first token of 2k, 8k and 32k prompts with a profile (issue 12)
+#            both); time to first token of 2k, 8k and 32k prompts with a profile; an 8k
+#            prompt arriving among 16 decoding streams (--arrival-len) (issue 12)
 #
 #   scripts/gpu-perf.sh [stage ...]     (default: all stages)
 #
@@ -177,10 +178,17 @@ if want prefill; then
     else fail "bench TTFT $n         FAIL"; tail -5 "$LOG/ttft-$n.err"; fi
     cp "$LOG/ttft-$n.md" "$FINAL/" 2>/dev/null
   done
+  # An 8k prompt arriving while 16 streams decode (chunked prefill mixed with
+  # decode under the 2,048-token step budget): its TTFT and the streams' ITL.
+  if timeout "$T" "$G" bench "${SYN[@]}" --concurrency 16 --input-len 1024 --output-len 512 --requests 16 --warmup 0 \
+       --arrival-len 8192 --markdown >"$LOG/arrival.md" 2>"$LOG/arrival.err"; then
+    note "bench arrival 8k      ok ($(grep -m1 -o 'TTFT [0-9.]* ms' "$LOG/arrival.md"))"
+  else fail "bench arrival 8k      FAIL"; tail -5 "$LOG/arrival.err"; fi
+  cp "$LOG/arrival.md" "$FINAL/" 2>/dev/null
 fi
 
 echo
-for f in ttft-2048.md ttft-8192.md ttft-32768.md grid.md profile-graphs-on.md e2e.md; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
+for f in ttft-2048.md ttft-8192.md ttft-32768.md arrival.md grid.md profile-graphs-on.md e2e.md; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
 [[ -f "$LOG/prefill-bench.txt" ]] && { echo "==== prefill attention (ours, then SDPA)"; tail -12 "$LOG/prefill-bench.txt"; tail -11 "$LOG/prefill-sdpa.txt"; }
 [[ -f "$LOG/attn-bench.txt" ]] && { echo "==== attention (ours, then SDPA)"; tail -45 "$LOG/attn-bench.txt"; tail -40 "$LOG/sdpa.txt"; }
 echo; echo "==== gpu-perf ($(head -1 "$LOG/device.txt"))"

@@ -405,8 +405,12 @@ bool gemm_fp8_grouped_tc_supported(int N, int K);
 // relative on random FP8 codes, the precision of lt_gemm_fp8 and
 // torch._scaled_mm. M: mma.sync (exact; any sm_89+ GPU; on sm_90 it runs as
 // FP16 HMMA). auto: M up to 32 rows a group (weights-bound), E64x128 up to
-// 64, E128x256 above (F64x256 / F128x256 with fp8_accum; M off sm_90). An E
-// or F tile on a GPU other than sm_90 gives cudaErrorInvalidValue.
+// 64, E128x256 above (with fp8_accum: W128x256, F64x256 up to 64 rows when
+// K > 2048; M off sm_90). W: the F numerics (bit for bit F128x256's results)
+// with a producer warpgroup (TMA weights through a tensor map encoded per
+// call, cp.async gathered rows) and two consumer warpgroups handing stages
+// over mbarriers, persistent CTAs (one per SM, raster order, panel as for F).
+// An E, F or W tile on a GPU other than sm_90 gives cudaErrorInvalidValue.
 enum GroupedTcTile {
   kGroupedTcAuto = 0,      // from the rows a group is expected to hold (and fp8_accum, the GPU)
   kGroupedTcE128x256 = 1,  // exact: 2 warpgroups x m64n256 f16
@@ -415,12 +419,15 @@ enum GroupedTcTile {
   kGroupedTcF128x256 = 4,  // FP8 accumulation: 2 warpgroups x m64n256
   kGroupedTcF64x256 = 5,   // FP8 accumulation: 2 warpgroups x m64n128
   kGroupedTcM64x128 = 6,   // exact: 8 warps x 32x32 mma.sync
-  kGroupedTcTiles = 7
+  kGroupedTcW128x256 = 7,  // F128x256 warp-specialized: TMA/cp.async producer warpgroup,
+                           // 2 consumer warpgroups x m64n256, mbarrier pipeline, persistent
+  kGroupedTcW128x128 = 8,  // the same, 2 consumer warpgroups x m64n128
+  kGroupedTcTiles = 9
 };
 struct GroupedTcTuning {
   int tile = kGroupedTcAuto;
   int panel = 0;      // m-tiles per raster panel (CTAs of a panel share n-tiles); 0: default
-  int fp8_accum = 0;  // auto only: 1 picks an F tile (faster, cuBLASLt's FP8 precision)
+  int fp8_accum = 0;  // auto only: 1 picks an F or W tile (faster, cuBLASLt's FP8 precision)
 };
 cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tune,
                                       cudaStream_t st);

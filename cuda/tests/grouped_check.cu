@@ -16,8 +16,11 @@
 // odd ones (N 256 K 384; N 384 K 256: a partial 256-channel tile, ldy > N).
 // Every launch shape (GroupedTcTile) and raster panel runs on each case; Y is
 // poisoned first, and its rows past off[groups] (and columns past N) must
-// stay untouched. The default launch must repeat bit for bit, replay
-// identically from a CUDA graph and agree with gemm_fp8_stream's grouped form
+// stay untouched. The warp-specialized W tiles run F128x256's chains in the
+// same order and must match it bit for bit; a W launch (its tensor map in the
+// kernel parameters) must replay identically from a CUDA graph. The default
+// launch must repeat bit for bit, replay identically from a CUDA graph and
+// agree with gemm_fp8_stream's grouped form
 // to 1e-5 relative (measured up to 6e-6 at K = 5120: both sum exact products
 // in FP32, in different orders); invalid arguments are refused.
 // Prints one row per check and "grouped_check: N checks, M failed"; exits 1 on
@@ -28,7 +31,8 @@
 // 20 experts: ms (median of 20 calls, CUDA events), TFLOP/s (2 * rows * N * K),
 // weight TB/s, for the default (exact) launch and the FP8-accumulation one
 // (fp8_accum), next to gemm_fp8_stream's grouped form (the current path) on
-// the same inputs; the weights rotate over copies (>= 200 MB in all) so L2
+// the same inputs, and the F128x256, W128x256 and W128x128 tiles forced;
+// the weights rotate over copies (>= 200 MB in all) so L2
 // never holds them. --sweep: also every launch shape and panel per point.
 // --profile: one launch of the main variants at M = 2048 and nothing else (for ncu).
 #include <numeric>
@@ -57,8 +61,8 @@ static void fill_fp8_host(std::vector<uint8_t>& v) {
 static int g_major = 0;  // compute capability of device 0
 
 static const char* tile_name(int t) {
-  static const char* names[] = {"auto",     "E128x256", "E128x128", "E64x128",
-                                "F128x256", "F64x256",  "M64x128"};
+  static const char* names[] = {"auto",    "E128x256", "E128x128", "E64x128",  "F128x256",
+                                "F64x256", "M64x128",  "W128x256", "W128x128"};
   static_assert(sizeof(names) / sizeof(names[0]) == kGroupedTcTiles, "tile names");
   return t >= 0 && t < kGroupedTcTiles ? names[t] : "?";
 }
@@ -66,8 +70,9 @@ static bool tile_runs_here(int t) { return t == kGroupedTcAuto || t == kGroupedT
 // The F tiles accumulate on Hopper's FP8 tensor path (cuBLASLt's numerics:
 // ~2e-4 relative on random codes; kernel_check holds lt_gemm_fp8 to 1e-3 for
 // the same reason); every other launch sums exact products in FP32.
+static bool is_w_tile(int t) { return t == kGroupedTcW128x256 || t == kGroupedTcW128x128; }
 static bool fp8_accum(const GroupedTcTuning& t) {
-  return t.tile == kGroupedTcF128x256 || t.tile == kGroupedTcF64x256 ||
+  return t.tile == kGroupedTcF128x256 || t.tile == kGroupedTcF64x256 || is_w_tile(t.tile) ||
          (t.tile == kGroupedTcAuto && t.fp8_accum && g_major == 9);
 }
 static std::string tuning_name(const GroupedTcTuning& t) {
@@ -200,8 +205,18 @@ static void check_case(const GroupedCase& c) {
   tunings.push_back({kGroupedTcAuto, 0, 1});
   tunings.push_back({g_major == 9 ? kGroupedTcE128x256 : kGroupedTcM64x128, 3, 0});
   tunings.push_back({g_major == 9 ? kGroupedTcF64x256 : kGroupedTcM64x128, 2, 0});
+  if (g_major == 9) {
+    tunings.push_back({kGroupedTcW128x256, 2, 0});
+    tunings.push_back({kGroupedTcW128x128, 3, 0});
+  }
+  // The W tiles run F128x256's chains in the same order: bit for bit its result.
+  std::vector<float> y_f;
   for (const GroupedTcTuning& tu : tunings) {
     const std::vector<float> y = run(tu);
+    if (tu.tile == kGroupedTcF128x256 && tu.panel == 0) y_f = y;
+    if (is_w_tile(tu.tile) && !y_f.empty())
+      report("grouped_tc W vs F", fmt("%s %s bitwise", shape.c_str(), tuning_name(tu).c_str()),
+             memcmp(y.data(), y_f.data(), y.size() * 4) ? 1.0 : 0.0, 0.0);
     const size_t outside = touched_outside(y, total, M, N, ldy);
     const double err = rel_err(written(y, total, N, ldy), ref);
     report("gemm_fp8_grouped_tc",
@@ -215,13 +230,18 @@ static void check_case(const GroupedCase& c) {
   const std::vector<float> y1 = run({}), y2 = run({});
   report("grouped_tc repeat", fmt("%s bitwise", shape.c_str()),
          memcmp(y1.data(), y2.data(), y1.size() * 4) ? 1.0 : 0.0, 0.0);
-  {
+  // From a CUDA graph: the default launch and (sm_90) a W tile, whose tensor
+  // map travels in the captured kernel parameters.
+  std::vector<GroupedTcTuning> graphed = {GroupedTcTuning{}};
+  if (g_major == 9) graphed.push_back({kGroupedTcW128x256, 0, 0});
+  for (const GroupedTcTuning& tu : graphed) {
+    const std::vector<float> yd = tu.tile == kGroupedTcAuto ? y1 : run(tu);
     cudaStream_t s;
     CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    CK(gemm_fp8_grouped_tc(a, s));
+    CK(gemm_fp8_grouped_tc_tuned(a, tu, s));
     CK(cudaStreamEndCapture(s, &graph));
     CK(cudaGraphInstantiate(&exec, graph, 0));
     dY.poison();
@@ -229,8 +249,8 @@ static void check_case(const GroupedCase& c) {
     CK(cudaGraphLaunch(exec, s));
     CK(cudaStreamSynchronize(s));
     const std::vector<float> yg = dY.down();
-    report("grouped_tc graph", fmt("%s replay bitwise", shape.c_str()),
-           memcmp(y1.data(), yg.data(), y1.size() * 4) ? 1.0 : 0.0, 0.0);
+    report("grouped_tc graph", fmt("%s %s replay bitwise", shape.c_str(), tuning_name(tu).c_str()),
+           memcmp(yd.data(), yg.data(), yd.size() * 4) ? 1.0 : 0.0, 0.0);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
     CK(cudaStreamDestroy(s));
@@ -400,8 +420,10 @@ static void bench(bool sweep, bool profile) {
   xs.up(std::vector<float>(xs.n, 1.f / 448));
   printf("\nbench: GLM-4.7 rank MoE GEMMs, %d experts, rows multinomial over them; ms = median of 20\n", E);
   printf("exact = gemm_fp8_grouped_tc (default), fp8acc = fast_accum-style F tiles, stream = gemm_fp8_stream\n");
-  printf("%-8s %6s %5s | %9s %8s %7s | %9s %8s | %9s %8s %7s | %7s\n", "gemm", "M", "maxg", "exact ms",
-         "TFLOP/s", "w TB/s", "fp8acc ms", "TFLOP/s", "stream ms", "TFLOP/s", "w TB/s", "speedup");
+  printf("F128x256 / W128x256 / W128x128: the lockstep F tile and the warp-specialized ones, forced\n");
+  printf("%-8s %6s %5s | %9s %8s %7s | %9s %8s | %9s %8s %7s | %7s | %8s %7s | %8s %7s %7s | %8s %7s\n", "gemm",
+         "M", "maxg", "exact ms", "TFLOP/s", "w TB/s", "fp8acc ms", "TFLOP/s", "stream ms", "TFLOP/s", "w TB/s",
+         "speedup", "F256 ms", "TFLOP/s", "W256 ms", "TFLOP/s", "w TB/s", "W128 ms", "TFLOP/s");
   for (const Shape& sh : shapes) {
     const size_t wbytes = (size_t)E * sh.N * sh.K;
     Dev<uint8_t> W(wbytes * sh.copies);
@@ -457,7 +479,8 @@ static void bench(bool sweep, bool profile) {
         a.W = W.p;
         a.w_scale = ws.p;
         for (GroupedTcTuning tu : {GroupedTcTuning{}, GroupedTcTuning{kGroupedTcE64x128, 0, 0},
-                                   GroupedTcTuning{kGroupedTcF128x256, 0, 0}})
+                                   GroupedTcTuning{kGroupedTcF128x256, 0, 0},
+                                   GroupedTcTuning{kGroupedTcW128x256, 0, 0}})
           CK(gemm_fp8_grouped_tc_tuned(a, tu, 0));
         CK(cudaDeviceSynchronize());
         continue;
@@ -465,6 +488,11 @@ static void bench(bool sweep, bool profile) {
       const float ms = tc_ms({});
       const float fms = g_major == 9 ? tc_ms({kGroupedTcAuto, 0, 1}) : 0.f;
       const float sms = timed([&] { CK(gemm_fp8_stream(a, 0)); });
+      const bool h = g_major == 9;
+      const float f_ms = h ? tc_ms({kGroupedTcF128x256, 0, 0}) : 0.f;
+      const float w_ms = h ? tc_ms({kGroupedTcW128x256, 0, 0}) : 0.f;
+      const float w2_ms = h ? tc_ms({kGroupedTcW128x128, 0, 0}) : 0.f;
+      auto tf = [&](float t) { return t > 0 ? flop / (t * 1e-3) / 1e12 : 0.0; };
       if (sweep) {
         std::string line;
         for (int t = 1; t < kGroupedTcTiles; ++t) {
@@ -473,9 +501,11 @@ static void bench(bool sweep, bool profile) {
         }
         printf("  sweep %s M=%d:%s\n", sh.name, M, line.c_str());
       }
-      printf("%-8s %6d %5d | %9.4f %8.1f %7.2f | %9.4f %8.1f | %9.4f %8.1f %7.2f | %6.1fx\n", sh.name, M, maxc, ms,
-             flop / (ms * 1e-3) / 1e12, wbytes / (ms * 1e-3) / 1e12, fms, fms > 0 ? flop / (fms * 1e-3) / 1e12 : 0.0,
-             sms, flop / (sms * 1e-3) / 1e12, wbytes / (sms * 1e-3) / 1e12, sms / ms);
+      printf("%-8s %6d %5d | %9.4f %8.1f %7.2f | %9.4f %8.1f | %9.4f %8.1f %7.2f | %6.1fx | %8.4f %7.1f | %8.4f %7.1f "
+             "%7.2f | %8.4f %7.1f\n",
+             sh.name, M, maxc, ms, flop / (ms * 1e-3) / 1e12, wbytes / (ms * 1e-3) / 1e12, fms, tf(fms), sms,
+             flop / (sms * 1e-3) / 1e12, wbytes / (sms * 1e-3) / 1e12, sms / ms, f_ms, tf(f_ms), w_ms, tf(w_ms),
+             w_ms > 0 ? wbytes / (w_ms * 1e-3) / 1e12 : 0.0, w2_ms, tf(w2_ms));
       fflush(stdout);
     }
   }
