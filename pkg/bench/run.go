@@ -519,8 +519,8 @@ func floorAt(r *RunResult, m FloorModel, bw Bandwidth) (Floor, error) {
 	return m.Floor(r.Steps.MeanDecodeBatch, r.MeanDecodeContext, bw.BytesPerSecond)
 }
 
-// driveWithArrival runs drive and, once every stream of the first wave has
-// produced two tokens, submits one request with a prompt of w.ArrivalLen
+// driveWithArrival runs drive and, once the streams of the first wave have
+// produced about six tokens each, submits one request with a prompt of w.ArrivalLen
 // random tokens and one output token. It returns the streams' timings and
 // the arrival's.
 func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64, rng *rand.Rand) ([]requestTiming, *requestTiming, error) {
@@ -541,7 +541,9 @@ func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int
 		t, err := drive(ctx, eng, w, c, prompts, seedBase, &tokens)
 		streams <- out{t, err}
 	}()
-	want := int64(2 * min(c, len(prompts)))
+	// Two tokens per stream put the first wave in decode; four more give the
+	// steady gaps the report compares with.
+	want := int64(6 * min(c, len(prompts)))
 	tick := time.NewTicker(time.Millisecond)
 	defer tick.Stop()
 	for tokens.Load() < want {
@@ -572,12 +574,20 @@ func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int
 }
 
 // arrivalResult summarises the arrival's TTFT and the streams' inter-token
-// gaps during its prefill ([submit, first token]) and before it.
+// gaps during its prefill ([submit, first token]) and before it: gaps after
+// every stream that started before the arrival had its first token (steady
+// decode, not the streams' own prefill) and ending by the arrival's submit.
 func arrivalResult(a requestTiming, streams []requestTiming) *ArrivalResult {
 	ttft := a.first.Sub(a.submit)
 	r := &ArrivalResult{PromptTokens: a.prompt, TTFTMs: ms(ttft)}
 	if ttft > 0 {
 		r.PrefillTokPerS = float64(a.prompt) / ttft.Seconds()
+	}
+	var decodeFrom time.Time // every stream started before the arrival is decoding
+	for _, s := range streams {
+		if s.submit.Before(a.submit) && s.first.After(decodeFrom) {
+			decodeFrom = s.first
+		}
 	}
 	var during, before []float64
 	for _, s := range streams {
@@ -586,7 +596,7 @@ func arrivalResult(a requestTiming, streams []requestTiming) *ArrivalResult {
 			switch {
 			case g1.After(a.submit) && g0.Before(a.first):
 				during = append(during, ms(g1.Sub(g0)))
-			case !g1.After(a.submit):
+			case !g1.After(a.submit) && !g0.Before(decodeFrom):
 				before = append(before, ms(g1.Sub(g0)))
 			}
 		}
