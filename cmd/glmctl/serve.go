@@ -23,12 +23,13 @@ import (
 func (a *app) newServeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
-		Short: "Serve the OpenAI-compatible API",
+		Short: "Serve the OpenAI-compatible API (and Anthropic's Messages API)",
 		Long: `serve loads a model directory on a backend and serves an OpenAI-compatible HTTP API:
 POST /v1/chat/completions and /v1/completions (streamed as server-sent events or not),
 GET /v1/models, /healthz (process up), /readyz (engine running) and /metrics (Prometheus),
 and vLLM's utility routes: GET /health (200 when ready, else 503), GET /version, POST /tokenize
-and POST /detokenize.
+and POST /detokenize. Anthropic's Messages API is served too: POST /v1/messages (streamed or
+not, thinking and tool_use blocks) and POST /v1/messages/count_tokens.
 
 Every flag can also be set as GLMCTL_<FLAG> (dashes as underscores, e.g.
 GLMCTL_API_KEY) or in the config file. SIGTERM or Ctrl-C stops accepting
@@ -54,7 +55,7 @@ rest and exits 0. Logs are JSON unless --log-format is given.`,
 	f.Int("max-batched-tokens", 0, "token budget of one engine step (0 = engine default)")
 	f.Int("max-model-len", 0, "most tokens (prompt + completion) of one request (0 = model context, capped by the KV cache)")
 	f.Bool("prefix-caching", true, "share KV blocks of common prompt prefixes between requests")
-	f.String("api-key", "", "require this key as \"Authorization: Bearer KEY\" on /v1/* (or GLMCTL_API_KEY)")
+	f.String("api-key", "", "require this key as \"Authorization: Bearer KEY\" or \"x-api-key: KEY\" on /v1/* (or GLMCTL_API_KEY)")
 	f.String("served-model-name", "", "model id clients send and /v1/models lists (default: the model directory's name)")
 	f.Int64("max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")
 	f.Duration("shutdown-timeout", server.DefaultShutdownTimeout, "on SIGTERM, how long running requests may finish before they are cancelled")

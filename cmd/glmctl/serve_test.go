@@ -25,11 +25,13 @@ import (
 const tinyModel = "../../testdata/models/tiny-f32"
 
 // TestServe runs the real glmctl binary (`glmctl serve` on the tiny model,
-// CPU backend, loopback) and drives it with the official openai Python
-// client, a bounded load of 64 concurrent clients, and SIGTERM.
+// CPU backend, loopback) and drives it with the official openai and
+// anthropic Python clients, a bounded load of 64 concurrent clients, and
+// SIGTERM.
 func TestServe(t *testing.T) {
 	bin := buildGlmctl(t)
 	t.Run("openai client", func(t *testing.T) { testServeOpenAIClient(t, bin) })
+	t.Run("anthropic client", func(t *testing.T) { testServeAnthropicClient(t, bin) })
 	t.Run("load", func(t *testing.T) { testServeLoad(t, bin) })
 	t.Run("SIGTERM drains", func(t *testing.T) { testServeShutdown(t, bin, 200, 20*time.Second, true) })
 	t.Run("SIGTERM cancels at the deadline", func(t *testing.T) { testServeShutdown(t, bin, 3000, 300*time.Millisecond, false) })
@@ -209,6 +211,51 @@ func testServeOpenAIClient(t *testing.T, bin string) {
 	}
 	if n < 30 {
 		t.Errorf("%d request log lines for the whole client run", n)
+	}
+}
+
+// testServeAnthropicClient drives the Anthropic Messages API of the real
+// server with the official anthropic client (scripts/anthropic_client_test.py;
+// pkg/server runs the same script against its scripted backend, for the
+// thinking, tool_use and stop-sequence blocks a random model cannot write).
+func testServeAnthropicClient(t *testing.T, bin string) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 is not installed: this test runs the official anthropic client; install Python 3 and run the tests through `make test`, which puts the project's virtual environment (scripts/requirements-test.txt) first on PATH")
+	}
+	if out, err := exec.Command(py, "-c", "import anthropic").CombinedOutput(); err != nil {
+		t.Fatalf("the anthropic Python package is missing from %s: run the tests through `make test` (it installs scripts/requirements-test.txt into $GLMCTL_CACHE/venv and puts it first on PATH) (%v: %s)", py, err, out)
+	}
+	p := startServe(t, bin, []string{"GLMCTL_API_KEY=anthropic-key-456"}, "--served-model-name", "glm-tiny", "--kv-blocks", "256")
+	cmd := exec.Command(py, "../../scripts/anthropic_client_test.py", "--base-url", p.url, "--api-key", "anthropic-key-456", "--model", "glm-tiny")
+	out, err := cmd.CombinedOutput()
+	t.Logf("anthropic client:\n%s", out)
+	if err != nil {
+		t.Fatalf("anthropic client test failed: %v\nserver log tail:\n%s", err, tail(p.output.String(), 3000))
+	}
+	if !strings.Contains(string(out), "12/12 checks passed") {
+		t.Errorf("not every check ran")
+	}
+	// One request line per call; generation requests that succeeded carry
+	// the token accounting.
+	n := 0
+	for _, m := range p.logLines(t) {
+		if m["msg"] != "request" || !strings.HasPrefix(fmt.Sprint(m["path"]), "/v1/messages") {
+			continue
+		}
+		n++
+		keys := []string{"request_id", "status"}
+		if m["path"] == "/v1/messages" && m["status"] == float64(200) {
+			keys = append(keys, "stream", "prompt_tokens", "completion_tokens", "ttft_ms", "tokens_per_s", "finish_reason")
+		}
+		for _, k := range keys {
+			if _, ok := m[k]; !ok {
+				t.Fatalf("request log line lacks %s: %v", k, m)
+			}
+		}
+	}
+	if n < 40 {
+		t.Errorf("%d /v1/messages request log lines for the whole client run", n)
 	}
 }
 

@@ -82,7 +82,8 @@ func (byteTokenizer) decode(ids []int32, skipSpecial bool) string {
 }
 
 // scriptBackend is a deterministic engine.Backend. A prompt holding
-// "SCRIPT:<name>" makes the model write scripts[name] and then <|user|>;
+// "SCRIPT:<name>" (the last one, in a conversation) makes the model write
+// scripts[name] and then <|user|>;
 // any other prompt gets letters that depend on the seed (so seeded
 // requests reproduce and unseeded ones differ), until max_tokens.
 type scriptBackend struct {
@@ -130,7 +131,7 @@ func (b *scriptBackend) Step(ctx context.Context, batch *engine.StepBatch) ([]en
 
 func (b *scriptBackend) next(s engine.StepSeq) int32 {
 	prompt := byteTokenizer{}.decode(s.PromptTokens, false)
-	if i := strings.Index(prompt, "SCRIPT:"); i >= 0 {
+	if i := strings.LastIndex(prompt, "SCRIPT:"); i >= 0 {
 		name := prompt[i+len("SCRIPT:"):]
 		if j := strings.IndexAny(name, " <"); j >= 0 {
 			name = name[:j]

@@ -26,6 +26,8 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("POST "+pathChat, s.instrument(pathChat, true, s.handleChat))
 	mux.Handle("POST "+pathCompletions, s.instrument(pathCompletions, true, s.handleCompletions))
+	mux.Handle("POST "+pathMessages, s.instrument(pathMessages, true, s.handleMessages))
+	mux.Handle("POST "+pathCountTokens, s.instrument(pathCountTokens, true, s.handleCountTokens))
 	mux.Handle("GET "+pathModels, s.instrument(pathModels, true, s.handleModels))
 	mux.Handle("GET "+pathModels+"/{model...}", s.instrument(pathModels+"/{model}", true, s.handleModel))
 	mux.Handle("GET /healthz", s.instrument("/healthz", false, s.handleHealth))
@@ -58,17 +60,18 @@ func (s *Server) handleReady(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) handleUnknown(w http.ResponseWriter, r *http.Request) {
 	for _, p := range []struct{ path, allow string }{
-		{pathChat, "POST"}, {pathCompletions, "POST"}, {pathModels, "GET"}, {"/healthz", "GET"}, {"/readyz", "GET"}, {"/metrics", "GET"},
+		{pathChat, "POST"}, {pathCompletions, "POST"}, {pathMessages, "POST"}, {pathCountTokens, "POST"}, {pathModels, "GET"},
+		{"/healthz", "GET"}, {"/readyz", "GET"}, {"/metrics", "GET"},
 		{pathHealth, "GET"}, {pathVersion, "GET"}, {pathTokenize, "POST"}, {pathDetokenize, "POST"},
 	} {
 		if r.URL.Path == p.path {
 			w.Header().Set("Allow", p.allow)
-			writeError(w, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
+			writeErrorFor(w, r.URL.Path, &openai.Error{Status: http.StatusMethodNotAllowed, Type: openai.TypeInvalidRequest,
 				Message: fmt.Sprintf("method %s is not allowed on %s (use %s)", r.Method, p.path, p.allow)})
 			return
 		}
 	}
-	writeError(w, &openai.Error{Status: http.StatusNotFound, Type: openai.TypeNotFound,
+	writeErrorFor(w, r.URL.Path, &openai.Error{Status: http.StatusNotFound, Type: openai.TypeNotFound,
 		Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 }
 

@@ -80,6 +80,9 @@ func (s *Server) instrument(path string, auth bool, h http.HandlerFunc) http.Han
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ri := &requestInfo{id: requestID(r.Header.Get(RequestIDHeader)), path: path, start: time.Now()}
 		w.Header().Set(RequestIDHeader, ri.id)
+		if anthropicRoute(r.URL.Path) {
+			w.Header().Set("Request-Id", ri.id) // where Anthropic's clients look for it
+		}
 		rec := &statusRecorder{ResponseWriter: w}
 		r = r.WithContext(context.WithValue(r.Context(), ctxKey{}, ri))
 		s.metrics.inFlight.Inc()
@@ -92,7 +95,7 @@ func (s *Server) instrument(path string, auth bool, h http.HandlerFunc) http.Han
 				s.log.Error("handler panic", "request_id", ri.id, "path", path, "panic", fmt.Sprint(p))
 				ri.errMsg = fmt.Sprint("internal error: ", p)
 				if rec.status == 0 {
-					writeError(rec, &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Message: "internal server error"})
+					writeErrorFor(rec, r.URL.Path, &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Message: "internal server error"})
 				}
 			}
 			status := rec.status
@@ -106,8 +109,8 @@ func (s *Server) instrument(path string, auth bool, h http.HandlerFunc) http.Han
 			s.logRequest(r, ri, status, api)
 		}()
 		if auth && s.opts.APIKey != "" && needsKey(r.URL.Path) && !s.authorized(r) {
-			writeError(rec, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
-				Message: "missing or incorrect API key: send it as \"Authorization: Bearer KEY\""})
+			writeErrorFor(rec, r.URL.Path, &openai.Error{Status: http.StatusUnauthorized, Type: openai.TypeAuthentication, Code: "invalid_api_key",
+				Message: "missing or incorrect API key: send it as \"Authorization: Bearer KEY\" or \"x-api-key: KEY\""})
 			ri.errMsg = "unauthorized"
 			return
 		}
@@ -138,7 +141,7 @@ func (s *Server) logRequest(r *http.Request, ri *requestInfo, status int, api bo
 		slog.Int("status", status),
 		slog.Float64("duration_ms", ms(end.Sub(ri.start))),
 	}
-	if ri.path == pathChat || ri.path == pathCompletions {
+	if ri.path == pathChat || ri.path == pathCompletions || ri.path == pathMessages {
 		ttft, tps := 0.0, 0.0
 		if !ri.firstToken.IsZero() {
 			ttft = ms(ri.firstToken.Sub(ri.start))
@@ -166,20 +169,26 @@ func ms(d time.Duration) float64 { return round3(float64(d) / float64(time.Milli
 
 func round3(f float64) float64 { return float64(int64(f*1000+0.5)) / 1000 }
 
-// authorized compares the bearer token with the API key in constant time
-// (over SHA-256 digests, so the key's length does not leak either).
+// authorized compares the bearer token (OpenAI's clients) or the x-api-key
+// header (Anthropic's) with the API key in constant time (over SHA-256
+// digests, so the key's length does not leak either). Either header that
+// matches is enough.
 func (s *Server) authorized(r *http.Request) bool {
+	want := sha256.Sum256([]byte(s.opts.APIKey))
+	match := func(token string) bool {
+		got := sha256.Sum256([]byte(strings.TrimSpace(token)))
+		return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	}
 	h := r.Header.Get("Authorization")
 	token, ok := strings.CutPrefix(h, "Bearer ")
 	if !ok {
 		token, ok = strings.CutPrefix(h, "bearer ")
 	}
-	if !ok {
-		return false
+	if ok && match(token) {
+		return true
 	}
-	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	want := sha256.Sum256([]byte(s.opts.APIKey))
-	return subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	key := r.Header.Get("X-Api-Key")
+	return key != "" && match(key)
 }
 
 // requestID reuses a client's id when it is short and plain, else makes one.
@@ -217,6 +226,16 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *open
 // writeError sends an OpenAI error body.
 func writeError(w http.ResponseWriter, e *openai.Error) {
 	writeJSON(w, e.Status, e.Body())
+}
+
+// writeErrorFor sends e in the shape of the API that path belongs to:
+// Anthropic's under /v1/messages, OpenAI's elsewhere.
+func writeErrorFor(w http.ResponseWriter, path string, e *openai.Error) {
+	if anthropicRoute(path) {
+		writeJSON(w, e.Status, toAnthropicError(e).Body())
+		return
+	}
+	writeError(w, e)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -1,10 +1,12 @@
 // Package server is glmctl's OpenAI-compatible HTTP API: chat completions and
 // completions (streamed as server-sent events or not), the model list,
 // health and readiness probes and Prometheus metrics, in front of one
-// pkg/engine Engine.
+// pkg/engine Engine; and Anthropic's Messages API (/v1/messages, streamed or
+// not, and /v1/messages/count_tokens) over the same engine.
 //
-// The wire types live in the subpackage openai; this package converts them to
-// and from engine requests and events with pure functions (convert.go), and
+// The wire types live in the subpackages openai and anthropic; this package
+// converts them to and from engine requests and events with pure functions
+// (convert.go, anthropic_convert.go), and
 // adds what a server needs around that: backpressure (a bounded queue, 429
 // with Retry-After), a body size limit, an optional API key, a request id and
 // one structured log line per request, and graceful shutdown.
@@ -103,7 +105,9 @@ type Options struct {
 	// ModelName is the id served by /v1/models; requests naming another
 	// model get 404 (an empty "model" is accepted).
 	ModelName string
-	// APIKey, when set, is required as "Authorization: Bearer KEY" on /v1/*.
+	// APIKey, when set, is required as "Authorization: Bearer KEY" or
+	// "x-api-key: KEY" (Anthropic's header) on /v1/*, /tokenize and
+	// /detokenize.
 	APIKey string
 	// Addr is the listen address for ListenAndServe ("127.0.0.1:8000").
 	Addr string
