@@ -200,6 +200,36 @@ def _(c):
     expect(text_of(a.choices[0].message) != text_of(d.choices[0].message), "different seeds gave the same 12 tokens")
 
 
+@check("n=2: indexed choices, seeded copies differ, prompt counted once, streamed per choice")
+def _(c):
+    kw = dict(max_tokens=8, temperature=1.0, seed=77)
+    one = c.chat(**kw)
+    r = c.chat(n=2, **kw)
+    expect([ch.index for ch in r.choices] == [0, 1], f"indices {[ch.index for ch in r.choices]}")
+    expect(text_of(r.choices[0].message) == text_of(one.choices[0].message), "choice 0 uses the request's seed")
+    expect(text_of(r.choices[0].message) != text_of(r.choices[1].message), "seeded choices gave the same 8 tokens")
+    expect(r.usage.prompt_tokens == one.usage.prompt_tokens, f"prompt counted once: {r.usage} vs {one.usage}")
+    if all(ch.finish_reason == "length" for ch in r.choices):
+        expect(r.usage.completion_tokens == 16, f"completion tokens summed over the choices: {r.usage}")
+    expect(2 <= r.usage.completion_tokens <= 16, f"usage {r.usage}")
+    chunks = list(c.chat(n=2, stream=True, stream_options={"include_usage": True}, **kw))
+    texts, finishes = ["", ""], [[], []]
+    for ch in chunks[:-1]:
+        expect(len(ch.choices) == 1, f"{len(ch.choices)} choices in a chunk")
+        x = ch.choices[0]
+        d = x.delta
+        texts[x.index] += ((d.model_extra or {}).get("reasoning_content") or "") + (d.content or "")
+        if x.finish_reason:
+            finishes[x.index].append(x.finish_reason)
+    expect(finishes == [[ch.finish_reason] for ch in r.choices], f"finish reasons {finishes}")
+    expect(texts == [text_of(ch.message) for ch in r.choices], f"stream {texts} != whole")
+    u = chunks[-1].usage
+    expect(u is not None and u.prompt_tokens == r.usage.prompt_tokens and u.completion_tokens == r.usage.completion_tokens,
+           f"stream usage {u} vs {r.usage}")
+    cr = c.client.completions.create(model=c.model, prompt="Once upon a time", n=2, **kw)
+    expect([ch.index for ch in cr.choices] == [0, 1] and cr.choices[0].text != cr.choices[1].text, f"completions {cr.choices}")
+
+
 @check("tools: offered, and a tool-call round trip renders and runs")
 def _(c):
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
@@ -223,9 +253,10 @@ def _(c):
     expect(chunks[-1].choices[0].finish_reason is not None, "streamed tool round trip finishes")
 
 
-@check("errors: n=2, bad types, context, unknown model")
+@check("errors: n out of range, bad types, context, unknown model")
 def _(c):
-    api_error(lambda: c.chat(n=2, max_tokens=2), openai.BadRequestError, 400, param="n")
+    api_error(lambda: c.chat(n=17, max_tokens=2), openai.BadRequestError, 400, param="n", contains="[1, 16]")
+    api_error(lambda: c.chat(n=0, max_tokens=2), openai.BadRequestError, 400, param="n")
     api_error(lambda: c.chat(max_tokens=2, extra_body={"temperature": "hot"}), openai.BadRequestError, 400,
               param="temperature", contains="temperature")
     api_error(lambda: c.chat(messages=[{"role": "user", "content": 123}]), openai.BadRequestError, 400,

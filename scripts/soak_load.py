@@ -270,7 +270,7 @@ class Driver:
             ("/v1/completions", {"model": m, "prompt": "hi", "max_tokens": "ten"}),
             ("/v1/chat/completions", {"model": m, "messages": msg, "temperature": "hot"}),
             ("/v1/chat/completions", {"model": m, "messages": msg, "stream": "yes"}),
-            ("/v1/chat/completions", {"model": m, "messages": msg, "n": rng.randint(2, 1000)}),
+            ("/v1/chat/completions", {"model": m, "messages": msg, "n": rng.randint(17, 1000)}),
             ("/v1/completions", {"model": m, "prompt": "hi", "n": 10**9}),
             ("/v1/chat/completions", {"model": m, "messages": []}),
             ("/v1/completions", {"model": m}),

@@ -188,7 +188,7 @@ func testServeOpenAIClient(t *testing.T, bin string) {
 	if err != nil {
 		t.Fatalf("openai client test failed: %v\nserver log tail:\n%s", err, tail(p.output.String(), 3000))
 	}
-	if !strings.Contains(string(out), "13/13 checks passed") {
+	if !strings.Contains(string(out), "14/14 checks passed") {
 		t.Errorf("not every check ran")
 	}
 	// One request line per API call, with the fields the issue asks for.

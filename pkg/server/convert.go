@@ -108,18 +108,43 @@ func toolObjects(tools []openai.Tool, choice openai.ToolChoice) []json.RawMessag
 	return out
 }
 
-// toUsage converts engine usage (summed over the request's prompts).
-func toUsage(us ...engine.Usage) *openai.Usage {
+// toUsage converts engine usage. us holds one entry per choice, n choices
+// per prompt (choice p*n+j is copy j of prompt p): completion tokens are
+// summed over all choices, prompt tokens (and their cache hits) over the
+// first copy of each prompt only, since the copies share the prompt.
+func toUsage(n int, us ...engine.Usage) *openai.Usage {
+	n = max(n, 1)
 	var u openai.Usage
 	cached := 0
-	for _, e := range us {
-		u.PromptTokens += e.PromptTokens
+	for i, e := range us {
 		u.CompletionTokens += e.CompletionTokens
-		cached += e.CachedPromptTokens
+		if i%n == 0 {
+			u.PromptTokens += e.PromptTokens
+			cached += e.CachedPromptTokens
+		}
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	u.PromptTokensDetails = &openai.PromptTokensDetails{CachedTokens: cached}
 	return &u
+}
+
+// choiceRequests expands one engine request per prompt into n per prompt:
+// choice p*n+j is copy j of prompt p. A seeded request's copy j samples with
+// seed+j, so the choices differ but reproduce; unseeded copies each get a
+// seed of their own from the engine.
+func choiceRequests(prompts []*engine.Request, n int) []*engine.Request {
+	n = max(n, 1)
+	out := make([]*engine.Request, 0, len(prompts)*n)
+	for _, r := range prompts {
+		for j := range n {
+			c := *r
+			if c.Sampling.HasSeed {
+				c.Sampling.Seed += int64(j)
+			}
+			out = append(out, &c)
+		}
+	}
+	return out
 }
 
 // toFinishReason maps the engine's reason to OpenAI's; a stop after tool
@@ -238,8 +263,8 @@ type meta struct {
 	created int64
 }
 
-// toChatCompletion builds the non-streamed response.
-func toChatCompletion(m meta, r *chatResult, finish string, logprobs bool, usage *openai.Usage) openai.ChatCompletion {
+// toChatChoice builds choice index of the non-streamed response.
+func toChatChoice(index int, r *chatResult, finish string, logprobs bool) openai.ChatChoice {
 	msg := openai.ResponseMessage{Role: "assistant", ToolCalls: r.toolCalls}
 	if c := r.content.String(); c != "" || len(r.toolCalls) == 0 {
 		msg.Content = &c
@@ -247,17 +272,22 @@ func toChatCompletion(m meta, r *chatResult, finish string, logprobs bool, usage
 	if rs := r.reasoning.String(); rs != "" {
 		msg.ReasoningContent = &rs
 	}
-	choice := openai.ChatChoice{Index: 0, Message: msg, FinishReason: finish}
+	choice := openai.ChatChoice{Index: index, Message: msg, FinishReason: finish}
 	if logprobs {
 		choice.Logprobs = &openai.ChatLogprobs{Content: nonNil(r.logprobs)}
 	}
-	return openai.ChatCompletion{ID: m.id, Object: openai.ObjectChatCompletion, Created: m.created, Model: m.model,
-		Choices: []openai.ChatChoice{choice}, Usage: usage}
+	return choice
 }
 
-// toChatChunk builds one stream chunk carrying a delta.
-func toChatChunk(m meta, delta openai.Delta, lps []openai.TokenLogprob, logprobs bool, finish *string) openai.ChatCompletionChunk {
-	c := openai.ChunkChoice{Index: 0, Delta: delta, FinishReason: finish}
+// toChatCompletion builds the non-streamed response.
+func toChatCompletion(m meta, choices []openai.ChatChoice, usage *openai.Usage) openai.ChatCompletion {
+	return openai.ChatCompletion{ID: m.id, Object: openai.ObjectChatCompletion, Created: m.created, Model: m.model,
+		Choices: nonNil(choices), Usage: usage}
+}
+
+// toChatChunk builds one stream chunk carrying a delta of choice index.
+func toChatChunk(m meta, index int, delta openai.Delta, lps []openai.TokenLogprob, logprobs bool, finish *string) openai.ChatCompletionChunk {
+	c := openai.ChunkChoice{Index: index, Delta: delta, FinishReason: finish}
 	if logprobs && (len(lps) > 0 || finish != nil) {
 		c.Logprobs = &openai.ChatLogprobs{Content: nonNil(lps)}
 	}

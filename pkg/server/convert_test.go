@@ -107,7 +107,8 @@ func TestToChatPiecesAndCompletion(t *testing.T) {
 	}
 	var r chatResult
 	r.add(pieces)
-	c := toChatCompletion(meta{id: "i", model: "m", created: 5}, &r, "tool_calls", false, toUsage(engine.Usage{PromptTokens: 3, CompletionTokens: 2, CachedPromptTokens: 1}))
+	c := toChatCompletion(meta{id: "i", model: "m", created: 5}, []openai.ChatChoice{toChatChoice(0, &r, "tool_calls", false)},
+		toUsage(1, engine.Usage{PromptTokens: 3, CompletionTokens: 2, CachedPromptTokens: 1}))
 	msg := c.Choices[0].Message
 	if msg.Content != nil || *msg.ReasoningContent != "ab" || len(msg.ToolCalls) != 1 || msg.ToolCalls[0].Index != nil {
 		t.Errorf("message %+v: content must be null with only tool calls, and no index", msg)
@@ -144,3 +145,91 @@ func TestLogprobConversion(t *testing.T) {
 }
 
 func negInf() float64 { var z float64; return -1 / z }
+
+func TestToUsageChoices(t *testing.T) {
+	u := func(p, c, cached int) engine.Usage {
+		return engine.Usage{PromptTokens: p, CompletionTokens: c, CachedPromptTokens: cached}
+	}
+	for _, tc := range []struct {
+		name                          string
+		n                             int
+		us                            []engine.Usage
+		prompt, completion, cachedTok int
+	}{
+		{"one", 1, []engine.Usage{u(10, 5, 2)}, 10, 5, 2},
+		{"n=0 acts as 1", 0, []engine.Usage{u(10, 5, 2)}, 10, 5, 2},
+		{"prompts summed", 1, []engine.Usage{u(10, 5, 0), u(7, 3, 1)}, 17, 8, 1},
+		{"n=3 prompt once", 3, []engine.Usage{u(10, 5, 0), u(10, 4, 10), u(10, 6, 10)}, 10, 15, 0},
+		{"2 prompts n=2", 2, []engine.Usage{u(10, 1, 0), u(10, 2, 10), u(7, 3, 4), u(7, 4, 7)}, 17, 10, 4},
+		{"none", 2, nil, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := toUsage(tc.n, tc.us...)
+			if got.PromptTokens != tc.prompt || got.CompletionTokens != tc.completion || got.TotalTokens != tc.prompt+tc.completion ||
+				got.PromptTokensDetails.CachedTokens != tc.cachedTok {
+				t.Errorf("usage %+v (cached %d), want prompt %d completion %d cached %d", got, got.PromptTokensDetails.CachedTokens,
+					tc.prompt, tc.completion, tc.cachedTok)
+			}
+		})
+	}
+}
+
+func TestChoiceRequests(t *testing.T) {
+	seeded := &engine.Request{Label: "a", PromptTokens: []int32{1, 2}, Sampling: engine.SamplingParams{Temperature: 1, Seed: 40, HasSeed: true}}
+	unseeded := &engine.Request{Label: "b", PromptTokens: []int32{3}, Sampling: engine.SamplingParams{Temperature: 1}}
+	type want struct {
+		prompt  int32
+		seed    int64
+		hasSeed bool
+	}
+	for _, tc := range []struct {
+		name    string
+		prompts []*engine.Request
+		n       int
+		want    []want
+	}{
+		{"n=1", []*engine.Request{seeded}, 1, []want{{1, 40, true}}},
+		{"seeded n=3", []*engine.Request{seeded}, 3, []want{{1, 40, true}, {1, 41, true}, {1, 42, true}}},
+		{"unseeded n=2", []*engine.Request{unseeded}, 2, []want{{3, 0, false}, {3, 0, false}}},
+		{"2 prompts n=2", []*engine.Request{seeded, unseeded}, 2, []want{{1, 40, true}, {1, 41, true}, {3, 0, false}, {3, 0, false}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := choiceRequests(tc.prompts, tc.n)
+			if len(got) != len(tc.want) {
+				t.Fatalf("%d requests, want %d", len(got), len(tc.want))
+			}
+			for i, w := range tc.want {
+				g := got[i]
+				if g.PromptTokens[0] != w.prompt || g.Sampling.Seed != w.seed || g.Sampling.HasSeed != w.hasSeed || g.Sampling.Temperature != 1 {
+					t.Errorf("choice %d: %+v, want %+v", i, g, w)
+				}
+			}
+			if seeded.Sampling.Seed != 40 {
+				t.Fatal("the caller's request was changed")
+			}
+		})
+	}
+}
+
+func TestChatChoiceIndex(t *testing.T) {
+	var r chatResult
+	r.add([]chatPiece{{kind: chat.EventContent, text: "hi"}})
+	m := meta{id: "i", model: "m", created: 5}
+	for _, tc := range []struct {
+		index    int
+		logprobs bool
+	}{{0, false}, {2, true}} {
+		c := toChatChoice(tc.index, &r, "stop", tc.logprobs)
+		if c.Index != tc.index || *c.Message.Content != "hi" || (c.Logprobs != nil) != tc.logprobs {
+			t.Errorf("choice %+v", c)
+		}
+		fin := "length"
+		ch := toChatChunk(m, tc.index, openai.Delta{}, nil, tc.logprobs, &fin)
+		if len(ch.Choices) != 1 || ch.Choices[0].Index != tc.index || *ch.Choices[0].FinishReason != "length" || (ch.Choices[0].Logprobs != nil) != tc.logprobs {
+			t.Errorf("chunk %+v", ch)
+		}
+	}
+	if c := toChatCompletion(m, nil, nil); c.Choices == nil {
+		t.Error("choices must encode as []")
+	}
+}

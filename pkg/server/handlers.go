@@ -162,7 +162,11 @@ func submitError(err error) *openai.Error {
 }
 
 // finishError maps a request that ended with Finish "error" to an API error.
+// A choice of n that could not be submitted carries Submit's error.
 func finishError(err error) *openai.Error {
+	if errors.Is(err, engine.ErrQueueFull) || errors.Is(err, engine.ErrInvalidRequest) {
+		return submitError(err)
+	}
 	if errors.Is(err, engine.ErrEngineStopped) {
 		msg := "the request was cancelled: the server is shutting down"
 		if errors.Is(err, engine.ErrBackendFatal) {
@@ -247,131 +251,181 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		stop:      req.Stop,
 		ignoreEOS: req.IgnoreEOS,
 	}
-	streams, aerr := s.submitAll(r.Context(), []*engine.Request{toEngineRequest(ids, g)})
+	cs, aerr := s.startChoices(r.Context(), []*engine.Request{toEngineRequest(ids, g)}, req.N)
 	if aerr != nil {
 		s.fail(w, ri, aerr)
 		return
 	}
-	st := streams[0]
-	defer st.Close()
+	defer cs.close()
 	ri.promptTokens = len(ids)
 	gen := &chatGen{
-		s:      s,
-		ri:     ri,
-		req:    req,
-		parser: s.opts.Chat.NewParser(chat.ParserOptions{Thinking: req.EnableThinking == nil || *req.EnableThinking, Tools: tools}),
-		meta:   meta{id: "chatcmpl-" + ri.id, model: s.opts.ModelName, created: time.Now().Unix()},
-		clock:  &tokenClock{m: s.metrics, ri: ri, last: make([]time.Time, 1)},
+		s:     s,
+		ri:    ri,
+		req:   req,
+		cs:    cs,
+		meta:  meta{id: "chatcmpl-" + ri.id, model: s.opts.ModelName, created: time.Now().Unix()},
+		clock: &tokenClock{m: s.metrics, ri: ri, last: make([]time.Time, cs.choices())},
+	}
+	gen.choices = make([]chatChoiceState, cs.choices())
+	for i := range gen.choices {
+		gen.choices[i].parser = s.opts.Chat.NewParser(chat.ParserOptions{Thinking: req.EnableThinking == nil || *req.EnableThinking, Tools: tools})
 	}
 	if req.Stream {
-		gen.stream(w, st)
+		gen.stream(w)
 		return
 	}
-	gen.collect(w, st)
+	gen.collect(w)
 }
 
 // chatGen turns one chat request's engine events into a response.
 type chatGen struct {
-	s      *Server
-	ri     *requestInfo
-	req    *openai.ChatRequest
-	parser OutputParser
-	meta   meta
-	clock  *tokenClock
+	s       *Server
+	ri      *requestInfo
+	req     *openai.ChatRequest
+	cs      *choiceSet
+	choices []chatChoiceState
+	meta    meta
+	clock   *tokenClock
+}
+
+// chatChoiceState is what one choice has produced so far.
+type chatChoiceState struct {
+	parser    OutputParser
+	res       chatResult
+	pending   []openai.TokenLogprob // logprobs not yet sent (streaming)
+	toolCalls bool                  // a tool call was sent (streaming)
+	finish    string
+	usage     engine.Usage
 }
 
 func newToolCallID() string { return "call_" + randomID(12) }
 
-// pieces feeds ev to the parser (flushing it on a normal finish) and
-// returns the delta pieces and the event's logprob entry, if any.
-func (g *chatGen) pieces(ev engine.Event) ([]chatPiece, *openai.TokenLogprob) {
-	if ev.HasToken {
-		g.clock.token(0, time.Now())
+// next waits for the next event; ok is false when a stream closed without a
+// final event (the client went away).
+func (g *chatGen) next() (indexedEvent, bool) {
+	ie := g.cs.next()
+	if ie.closed {
+		g.ri.clientGone, g.ri.finishReason = true, string(engine.FinishCancelled)
+		return ie, false
 	}
+	return ie, true
+}
+
+// pieces feeds ev to choice i's parser (flushing it on a normal finish) and
+// returns the delta pieces and the event's logprob entry, if any.
+func (g *chatGen) pieces(i int, ev engine.Event) ([]chatPiece, *openai.TokenLogprob) {
+	if ev.HasToken {
+		g.clock.token(i, time.Now())
+	}
+	c := &g.choices[i]
 	var lp *openai.TokenLogprob
 	if g.req.Logprobs && hasVisibleToken(ev) {
 		t := toTokenLogprob(ev, g.req.TopLogprobs, g.s.opts.Tokenizer.TokenText)
 		lp = &t
 	}
-	evs := g.parser.Add(ev.Text)
+	evs := c.parser.Add(ev.Text)
 	if ev.Finish == engine.FinishStop || ev.Finish == engine.FinishLength {
-		evs = append(evs, g.parser.Finish()...)
+		evs = append(evs, c.parser.Finish()...)
 	}
 	return toChatPieces(evs, newToolCallID), lp
 }
 
-func (g *chatGen) end(ev engine.Event, finish string) {
-	g.ri.finishReason = finish
-	if ev.Finish == engine.FinishStop || ev.Finish == engine.FinishLength {
-		g.clock.done(time.Now())
+// end records the final event of choice i with its finish reason; the
+// request log keeps the first reason that is not stop.
+func (g *chatGen) end(i int, ev engine.Event, finish string) {
+	c := &g.choices[i]
+	c.finish, c.usage = finish, ev.Usage
+	if g.ri.finishReason == "" || g.ri.finishReason == openai.FinishStop {
+		g.ri.finishReason = finish
 	}
 }
 
-func (g *chatGen) collect(w http.ResponseWriter, st *engine.Stream) {
-	var res chatResult
-	for ev := range st.Events() {
-		pieces, lp := g.pieces(ev)
-		res.add(pieces)
+func (g *chatGen) usage() *openai.Usage {
+	us := make([]engine.Usage, len(g.choices))
+	for i := range g.choices {
+		us[i] = g.choices[i].usage
+	}
+	return toUsage(g.req.N, us...)
+}
+
+func (g *chatGen) collect(w http.ResponseWriter) {
+	for ended := 0; ended < len(g.choices); {
+		ie, ok := g.next()
+		if !ok {
+			return
+		}
+		i, ev := ie.index, ie.ev
+		c := &g.choices[i]
+		pieces, lp := g.pieces(i, ev)
+		c.res.add(pieces)
 		if lp != nil {
-			res.logprobs = append(res.logprobs, *lp)
+			c.res.logprobs = append(c.res.logprobs, *lp)
 		}
 		if ev.Finish == "" {
 			continue
 		}
+		ended++
 		switch ev.Finish {
 		case engine.FinishError:
-			g.end(ev, string(engine.FinishError))
+			g.end(i, ev, string(engine.FinishError))
 			g.s.fail(w, g.ri, finishError(ev.Err))
 			return
 		case engine.FinishCancelled:
-			g.end(ev, string(engine.FinishCancelled))
+			g.end(i, ev, string(engine.FinishCancelled))
 			g.ri.clientGone = true
 			return
 		}
-		finish := toFinishReason(ev.Finish, len(res.toolCalls) > 0)
-		g.end(ev, finish)
-		writeJSON(w, http.StatusOK, toChatCompletion(g.meta, &res, finish, g.req.Logprobs, toUsage(ev.Usage)))
-		return
+		g.end(i, ev, toFinishReason(ev.Finish, len(c.res.toolCalls) > 0))
 	}
-	// Closed without a final event: the request's context ended (the
-	// client went away) and the engine cancelled the request.
-	g.ri.clientGone, g.ri.finishReason = true, string(engine.FinishCancelled)
+	g.clock.done(time.Now())
+	out := make([]openai.ChatChoice, len(g.choices))
+	for i := range g.choices {
+		out[i] = toChatChoice(i, &g.choices[i].res, g.choices[i].finish, g.req.Logprobs)
+	}
+	writeJSON(w, http.StatusOK, toChatCompletion(g.meta, out, g.usage()))
 }
 
-func (g *chatGen) stream(w http.ResponseWriter, st *engine.Stream) {
+func (g *chatGen) stream(w http.ResponseWriter) {
 	sse := startSSE(w)
 	send := func(v any) bool {
 		if err := sse.send(v); err != nil {
 			g.ri.clientGone, g.ri.finishReason = true, string(engine.FinishCancelled)
-			st.Close()
+			g.cs.close()
 			return false
 		}
 		return true
 	}
 	role := ""
-	if !send(toChatChunk(g.meta, openai.Delta{Role: "assistant", Content: &role}, nil, false, nil)) {
-		return
+	for i := range g.choices {
+		if !send(toChatChunk(g.meta, i, openai.Delta{Role: "assistant", Content: &role}, nil, false, nil)) {
+			return
+		}
 	}
-	var pending []openai.TokenLogprob
-	toolCalls := false
-	for ev := range st.Events() {
-		pieces, lp := g.pieces(ev)
+	for ended := 0; ended < len(g.choices); {
+		ie, ok := g.next()
+		if !ok {
+			return
+		}
+		i, ev := ie.index, ie.ev
+		c := &g.choices[i]
+		pieces, lp := g.pieces(i, ev)
 		if lp != nil {
-			pending = append(pending, *lp)
+			c.pending = append(c.pending, *lp)
 		}
 		for _, p := range pieces {
-			toolCalls = toolCalls || p.kind == chat.EventToolCall
-			if !send(toChatChunk(g.meta, toDelta(p), pending, g.req.Logprobs, nil)) {
+			c.toolCalls = c.toolCalls || p.kind == chat.EventToolCall
+			if !send(toChatChunk(g.meta, i, toDelta(p), c.pending, g.req.Logprobs, nil)) {
 				return
 			}
-			pending = nil
+			c.pending = nil
 		}
 		if ev.Finish == "" {
 			continue
 		}
+		ended++
 		switch ev.Finish {
 		case engine.FinishError:
-			g.end(ev, string(engine.FinishError))
+			g.end(i, ev, string(engine.FinishError))
 			e := finishError(ev.Err)
 			g.ri.errMsg = e.Message
 			if send(e.Body()) {
@@ -379,24 +433,24 @@ func (g *chatGen) stream(w http.ResponseWriter, st *engine.Stream) {
 			}
 			return
 		case engine.FinishCancelled:
-			g.end(ev, string(engine.FinishCancelled))
+			g.end(i, ev, string(engine.FinishCancelled))
 			g.ri.clientGone = true
 			return
 		}
-		finish := toFinishReason(ev.Finish, toolCalls)
-		g.end(ev, finish)
-		if !send(toChatChunk(g.meta, openai.Delta{}, pending, g.req.Logprobs, &finish)) {
+		finish := toFinishReason(ev.Finish, c.toolCalls)
+		g.end(i, ev, finish)
+		if !send(toChatChunk(g.meta, i, openai.Delta{}, c.pending, g.req.Logprobs, &finish)) {
 			return
 		}
-		if g.req.IncludeUsage && !send(toChatUsageChunk(g.meta, toUsage(ev.Usage))) {
-			return
-		}
-		if err := sse.done(); err != nil {
-			g.ri.clientGone = true
-		}
+		c.pending = nil
+	}
+	g.clock.done(time.Now())
+	if g.req.IncludeUsage && !send(toChatUsageChunk(g.meta, g.usage())) {
 		return
 	}
-	g.ri.clientGone, g.ri.finishReason = true, string(engine.FinishCancelled)
+	if err := sse.done(); err != nil {
+		g.ri.clientGone = true
+	}
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
@@ -472,29 +526,27 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		ri.promptTokens += len(ids)
 		ereqs[i] = toEngineRequest(ids, g)
 	}
-	streams, aerr := s.submitAll(r.Context(), ereqs)
+	cs, aerr := s.startChoices(r.Context(), ereqs, req.N)
 	if aerr != nil {
 		ri.promptTokens = 0
 		s.fail(w, ri, aerr)
 		return
 	}
-	done := make(chan struct{})
-	defer func() {
-		close(done)
-		for _, st := range streams {
-			st.Close()
-		}
-	}()
+	defer cs.close()
+	choiceEcho := make([]string, cs.choices())
+	for i := range choiceEcho {
+		choiceEcho[i] = echo[i/req.N]
+	}
 	gen := &completionGen{
-		s:      s,
-		ri:     ri,
-		req:    req,
-		top:    top,
-		echo:   echo,
-		meta:   meta{id: "cmpl-" + ri.id, model: s.opts.ModelName, created: time.Now().Unix()},
-		clock:  &tokenClock{m: s.metrics, ri: ri, last: make([]time.Time, len(streams))},
-		events: merge(done, streams),
-		n:      len(streams),
+		s:     s,
+		ri:    ri,
+		req:   req,
+		top:   top,
+		echo:  choiceEcho,
+		meta:  meta{id: "cmpl-" + ri.id, model: s.opts.ModelName, created: time.Now().Unix()},
+		clock: &tokenClock{m: s.metrics, ri: ri, last: make([]time.Time, cs.choices())},
+		cs:    cs,
+		n:     cs.choices(),
 	}
 	if req.Stream {
 		gen.stream(w)
@@ -503,51 +555,17 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	gen.collect(w)
 }
 
-// indexedEvent is an event of choice index; closed means the stream ended
-// without a final event (its context ended).
-type indexedEvent struct {
-	index  int
-	ev     engine.Event
-	closed bool
-}
-
-// merge fans the streams' events into one channel, in arrival order per
-// stream. The pumps stop when done is closed.
-func merge(done <-chan struct{}, streams []*engine.Stream) <-chan indexedEvent {
-	out := make(chan indexedEvent)
-	for i, st := range streams {
-		go func() {
-			final := false
-			for ev := range st.Events() {
-				final = ev.Finish != ""
-				select {
-				case out <- indexedEvent{index: i, ev: ev}:
-				case <-done:
-					return
-				}
-			}
-			if !final {
-				select {
-				case out <- indexedEvent{index: i, closed: true}:
-				case <-done:
-				}
-			}
-		}()
-	}
-	return out
-}
-
 // completionGen turns a completions request's events into a response.
 type completionGen struct {
-	s      *Server
-	ri     *requestInfo
-	req    *openai.CompletionRequest
-	top    int
-	echo   []string
-	meta   meta
-	clock  *tokenClock
-	events <-chan indexedEvent
-	n      int
+	s     *Server
+	ri    *requestInfo
+	req   *openai.CompletionRequest
+	top   int
+	echo  []string
+	meta  meta
+	clock *tokenClock
+	cs    *choiceSet
+	n     int // choices in all
 }
 
 // choiceState is what one prompt's choice has produced so far.
@@ -562,7 +580,7 @@ type choiceState struct {
 // next waits for the next event; ok is false when a stream closed without a
 // final event (the client went away).
 func (g *completionGen) next() (indexedEvent, bool) {
-	ie := <-g.events
+	ie := g.cs.next()
 	if ie.closed {
 		g.ri.clientGone, g.ri.finishReason = true, string(engine.FinishCancelled)
 		return ie, false
@@ -636,7 +654,7 @@ func (g *completionGen) collect(w http.ResponseWriter) {
 		finish := choices[i].finish
 		out[i] = toCompletionChoice(i, choices[i].text.String(), lp, &finish)
 	}
-	writeJSON(w, http.StatusOK, toCompletion(g.meta, out, toUsage(g.usages(choices)...)))
+	writeJSON(w, http.StatusOK, toCompletion(g.meta, out, toUsage(g.req.N, g.usages(choices)...)))
 }
 
 func (g *completionGen) stream(w http.ResponseWriter) {
@@ -695,7 +713,7 @@ func (g *completionGen) stream(w http.ResponseWriter) {
 		}
 	}
 	g.clock.done(time.Now())
-	if g.req.IncludeUsage && !send(toCompletion(g.meta, nil, toUsage(g.usages(choices)...))) {
+	if g.req.IncludeUsage && !send(toCompletion(g.meta, nil, toUsage(g.req.N, g.usages(choices)...))) {
 		return
 	}
 	if err := sse.done(); err != nil {

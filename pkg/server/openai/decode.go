@@ -19,6 +19,10 @@ const (
 	MaxStopStrings   = 16
 	MaxTopLogprobs   = 20
 	MaxToolNameBytes = 64
+	// MaxN caps n, the choices generated per prompt.
+	MaxN = 16
+	// MaxChoices caps the choices of one /v1/completions request: prompts × n.
+	MaxChoices = 64
 )
 
 // samplingWire is the sampling fields as sent. Pointers tell "absent" from
@@ -140,7 +144,7 @@ func DecodeChatRequest(body []byte) (*ChatRequest, *Error) {
 	if req.Stop, err = decodeStop(w.Stop); err != nil {
 		return nil, err
 	}
-	if err := checkN(w.N, "n"); err != nil {
+	if req.N, err = decodeN(w.N); err != nil {
 		return nil, err
 	}
 	req.Logprobs = w.Logprobs != nil && *w.Logprobs
@@ -212,7 +216,7 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 	if req.Stop, err = decodeStop(w.Stop); err != nil {
 		return nil, err
 	}
-	if err := checkN(w.N, "n"); err != nil {
+	if req.N, err = decodeN(w.N); err != nil {
 		return nil, err
 	}
 	if err := checkN(w.BestOf, "best_of"); err != nil {
@@ -240,6 +244,9 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 	req.IgnoreEOS = w.IgnoreEOS != nil && *w.IgnoreEOS
 	if req.Prompts, err = decodePrompt(w.Prompt); err != nil {
 		return nil, err
+	}
+	if c := len(req.Prompts) * req.N; c > MaxChoices {
+		return nil, BadRequest("n", "n %d with %d prompts makes %d choices; the limit is %d", req.N, len(req.Prompts), c, MaxChoices)
 	}
 	return req, nil
 }
@@ -353,6 +360,17 @@ func maxTokens(p *int, name string) (int, *Error) {
 	}
 	if *p < 1 {
 		return 0, BadRequest(name, "%s %d must be at least 1", name, *p)
+	}
+	return *p, nil
+}
+
+// decodeN reads n: absent means 1; it must be in [1, MaxN].
+func decodeN(p *int) (int, *Error) {
+	if p == nil {
+		return 1, nil
+	}
+	if *p < 1 || *p > MaxN {
+		return 0, BadRequest("n", "n %d must be in [1, %d]", *p, MaxN)
 	}
 	return *p, nil
 }

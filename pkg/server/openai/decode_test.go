@@ -21,7 +21,7 @@ func TestDecodeChatRequestFull(t *testing.T) {
 	  "max_tokens": 10, "max_completion_tokens": 20,
 	  "temperature": 0.5, "top_p": 0.9, "top_k": 5, "min_p": 0.05,
 	  "presence_penalty": 0.1, "frequency_penalty": -0.2, "repetition_penalty": 1.1, "seed": 42,
-	  "stop": "END", "logprobs": true, "top_logprobs": 3, "n": 1,
+	  "stop": "END", "logprobs": true, "top_logprobs": 3, "n": 3,
 	  "stream": true, "stream_options": {"include_usage": true},
 	  "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
 	  "tool_choice": "auto", "chat_template_kwargs": {"enable_thinking": false, "clear_thinking": false},
@@ -39,7 +39,7 @@ func TestDecodeChatRequestFull(t *testing.T) {
 	if !reflect.DeepEqual(r.Sampling, wantSampling) {
 		t.Errorf("sampling %+v", r.Sampling)
 	}
-	if r.Model != "glm" || r.MaxTokens != 20 || !reflect.DeepEqual(r.Stop, []string{"END"}) || !r.Logprobs || r.TopLogprobs != 3 ||
+	if r.Model != "glm" || r.MaxTokens != 20 || !reflect.DeepEqual(r.Stop, []string{"END"}) || !r.Logprobs || r.TopLogprobs != 3 || r.N != 3 ||
 		!r.Stream || !r.IncludeUsage || r.ToolChoice != ToolChoiceAuto || !r.IgnoreEOS ||
 		r.EnableThinking == nil || *r.EnableThinking || r.ClearThinking == nil || *r.ClearThinking {
 		t.Errorf("fields %+v", r)
@@ -113,8 +113,10 @@ func TestDecodeErrors(t *testing.T) {
 		{`{` + msgs + `,"stop":""}`, "stop", "empty"},
 		{`{` + msgs + `,"stop":["a",""]}`, "stop[1]", "empty"},
 		{`{` + msgs + `,"stop":["1","2","3","4","5","6","7","8","9","10","11","12","13","14","15","16","17"]}`, "stop", "limit is 16"},
-		{`{` + msgs + `,"n":2}`, "n", "only n=1"},
-		{`{` + msgs + `,"n":0}`, "n", "at least 1"},
+		{`{` + msgs + `,"n":17}`, "n", "[1, 16]"},
+		{`{` + msgs + `,"n":0}`, "n", "[1, 16]"},
+		{`{` + msgs + `,"n":-1}`, "n", "[1, 16]"},
+		{`{` + msgs + `,"n":"2"}`, "n", "integer"},
 		{`{` + msgs + `,"logprobs":"yes"}`, "logprobs", "boolean"},
 		{`{` + msgs + `,"top_logprobs":3}`, "top_logprobs", "logprobs"},
 		{`{` + msgs + `,"logprobs":true,"top_logprobs":21}`, "top_logprobs", "[0, 20]"},
@@ -157,7 +159,9 @@ func TestDecodeErrors(t *testing.T) {
 		{`{"prompt":"x","echo":true,"logprobs":1}`, "echo", "not supported"},
 		{`{"prompt":"x","best_of":2}`, "best_of", "only best_of=1"},
 		{`{"prompt":"x","suffix":"y"}`, "suffix", "not supported"},
-		{`{"prompt":"x","n":3}`, "n", "only n=1"},
+		{`{"prompt":"x","n":17}`, "n", "[1, 16]"},
+		{`{"prompt":"x","n":0}`, "n", "[1, 16]"},
+		{`{"prompt":["a","b","c","d","e"],"n":16}`, "n", "80 choices; the limit is 64"},
 		{`{"prompt":"x","max_tokens":0}`, "max_tokens", "at least 1"},
 		{`{"prompt":"x","temperature":-1}`, "temperature", "[0, 2]"},
 	}
@@ -199,6 +203,39 @@ func TestDecodeCompletionPrompts(t *testing.T) {
 		}
 		if !reflect.DeepEqual(r.Prompts, tc.want) || r.Logprobs == nil || *r.Logprobs != 0 {
 			t.Errorf("%s: got %+v", tc.prompt, r)
+		}
+	}
+}
+
+func TestDecodeN(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		chat bool
+		want int
+	}{
+		{`{"messages":[{"role":"user","content":"x"}]}`, true, 1},
+		{`{"messages":[{"role":"user","content":"x"}],"n":null}`, true, 1},
+		{`{"messages":[{"role":"user","content":"x"}],"n":16}`, true, 16},
+		{`{"prompt":"x"}`, false, 1},
+		{`{"prompt":"x","n":2}`, false, 2},
+		{`{"prompt":["a","b","c","d"],"n":16}`, false, 16},
+	} {
+		var got int
+		if tc.chat {
+			r, err := DecodeChatRequest([]byte(tc.body))
+			if err != nil {
+				t.Fatalf("%s: %v", tc.body, err)
+			}
+			got = r.N
+		} else {
+			r, err := DecodeCompletionRequest([]byte(tc.body))
+			if err != nil {
+				t.Fatalf("%s: %v", tc.body, err)
+			}
+			got = r.N
+		}
+		if got != tc.want {
+			t.Errorf("%s: n = %d, want %d", tc.body, got, tc.want)
 		}
 	}
 }

@@ -42,10 +42,12 @@ type ChatRequest struct {
 	Messages []Message
 	Sampling Sampling
 	// MaxTokens is max_completion_tokens, else max_tokens; 0 = not given.
-	MaxTokens    int
-	Stop         []string
-	Logprobs     bool
-	TopLogprobs  int
+	MaxTokens   int
+	Stop        []string
+	Logprobs    bool
+	TopLogprobs int
+	// N is how many choices to generate (n; 1 when not given).
+	N            int
 	Stream       bool
 	IncludeUsage bool
 	// Tools are the request's tool objects, raw (member order kept for the
@@ -98,7 +100,10 @@ const (
 type CompletionRequest struct {
 	Model string
 	// Prompts holds one entry per prompt: text, or token ids.
-	Prompts      []Prompt
+	Prompts []Prompt
+	// N is how many choices to generate per prompt (n; 1 when not given).
+	// Choice p*N+j is copy j of prompt p.
+	N            int
 	Sampling     Sampling
 	MaxTokens    int // 0 = not given (OpenAI's default for completions is 16)
 	Stop         []string
