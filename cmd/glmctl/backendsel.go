@@ -61,7 +61,10 @@ func (a *app) openBackendFor(ctx context.Context, dir string, spec *synth.Spec) 
 		dir = ""
 	}
 	name := v.GetString("backend")
+	onLoad, loaded := a.loadProgress()
+	o.OnLoad = onLoad
 	be, err := backend.Open(ctx, name, dir, o)
+	loaded()
 	if err != nil {
 		return nil, fmt.Errorf("--backend %s: %w", name, err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/glmctl/glmctl/pkg/bench"
 	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/model"
+	"github.com/glmctl/glmctl/pkg/progress"
 )
 
 func (a *app) newBenchCmd() *cobra.Command {
@@ -297,10 +298,18 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		Projection: projection,
 		Workload:   w,
 	}}
-	runs, err := bench.RunProfiled(ctx, eng, w, prof, func(r bench.RunResult) {
-		a.log.Info("bench run finished", "concurrency", r.Concurrency, "requests", r.Requests,
-			"output_tok_s", fmt.Sprintf("%.1f", r.OutputTokensPerSecond), "tpot_ms", fmt.Sprintf("%.2f", r.TPOTMs.Mean))
+	var bar *progress.Bar
+	runs, err := bench.RunHooked(ctx, eng, w, bench.Hooks{
+		Profiler: prof,
+		RunStart: func(c, n int) { bar = a.progress(fmt.Sprintf("bench concurrency %d requests", c), int64(n), false) },
+		Request:  func() { bar.Add(1) },
+		RunDone: func(r bench.RunResult) {
+			bar.Finish()
+			a.log.Info("bench run finished", "concurrency", r.Concurrency, "requests", r.Requests,
+				"output_tok_s", fmt.Sprintf("%.1f", r.OutputTokensPerSecond), "tpot_ms", fmt.Sprintf("%.2f", r.TPOTMs.Mean))
+		},
 	})
+	bar.Finish()
 	if err != nil {
 		return err
 	}

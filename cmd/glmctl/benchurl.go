@@ -14,7 +14,6 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"golang.org/x/term"
 
 	"github.com/glmctl/glmctl/pkg/loadgen"
 )
@@ -189,8 +188,8 @@ func (a *app) runBenchURL(cmd *cobra.Command) error {
 // benchProgress is a progress bar on a terminal, plain log lines (every
 // tenth of a run) otherwise.
 func (a *app) benchProgress() loadgen.Progress {
-	if f, ok := a.errOut.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
-		return &benchBarProgress{w: f}
+	if a.terminal(a.errOut) {
+		return &benchBarProgress{w: a.errOut}
 	}
 	return &benchLogProgress{a: a}
 }

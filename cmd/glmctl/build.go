@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/glmctl/glmctl/pkg/cudabuild"
+	"github.com/glmctl/glmctl/pkg/progress"
 )
 
 func (a *app) newBuildCmd() *cobra.Command {
@@ -24,7 +25,7 @@ and libraries may come from the pinned PyPI wheels:
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v := a.v
-			lib, err := cudabuild.Build(cmd.Context(), cudabuild.Options{
+			o := cudabuild.Options{
 				Arch:        v.GetString("arch"),
 				NVCC:        v.GetString("nvcc"),
 				CUDAHome:    v.GetString("cuda-home"),
@@ -36,7 +37,29 @@ and libraries may come from the pinned PyPI wheels:
 				Jobs:        v.GetInt("jobs"),
 				Verbose:     v.GetBool("verbose"),
 				Log:         a.errOut,
-			})
+			}
+			// On a terminal a bar follows the compile units and the link
+			// (nvcc runs once per unit); otherwise the build prints a line
+			// per unit, as before.
+			var (
+				bar  *progress.Bar
+				last int
+			)
+			if a.terminal(a.errOut) {
+				o.Log = writerFunc(func(p []byte) (int, error) { return bar.Writer(a.errOut).Write(p) })
+				o.Progress = func(done, total int) {
+					if bar == nil {
+						bar = a.progress("libglmcuda: compiling", int64(total), false)
+					}
+					if done == total-1 {
+						bar.Describe("libglmcuda: linking")
+					}
+					bar.Add(int64(done - last))
+					last = done
+				}
+			}
+			lib, err := cudabuild.Build(cmd.Context(), o)
+			bar.Finish()
 			if err != nil {
 				return fmt.Errorf("build: %w", err)
 			}
@@ -57,3 +80,8 @@ and libraries may come from the pinned PyPI wheels:
 	f.Bool("verbose", false, "print every nvcc command")
 	return cmd
 }
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func(p []byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

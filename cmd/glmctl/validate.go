@@ -123,8 +123,14 @@ func (a *app) runValidate(cmd *cobra.Command) error {
 
 	out := validateOutput{Model: dir, Backend: info.Name, Device: info.Device, FP8: fp8, Pass: true}
 	var fails, errs []error
+	cases := 0
 	for _, g := range goldens {
-		rep, err := golden.Compare(cmd.Context(), be, g, golden.Options{Tolerances: tol, ModelName: modelName(dir)})
+		cases += len(g.Cases)
+	}
+	bar := a.progress("validate cases", int64(cases), false)
+	for _, g := range goldens {
+		rep, err := golden.Compare(cmd.Context(), be, g, golden.Options{Tolerances: tol, ModelName: modelName(dir),
+			OnCase: func(int, int) { bar.Add(1) }})
 		if err != nil {
 			errs = append(errs, err)
 			out.Errors = append(out.Errors, validateFileErr{Golden: g.Path, Error: err.Error()})
@@ -137,6 +143,7 @@ func (a *app) runValidate(cmd *cobra.Command) error {
 			out.Pass = false
 		}
 	}
+	bar.Finish()
 
 	if v.GetBool("json") {
 		enc := json.NewEncoder(a.out)

@@ -54,10 +54,15 @@ type Options struct {
 	// weights of docs/synthetic.md (generated on the GPU by the CUDA
 	// backend, written to a temporary checkpoint by the CPU backend).
 	Synthetic *synth.Spec
+
+	// OnLoad, if not nil, is called as the weights load, with the checkpoint
+	// bytes read (CPU) or handed to the runtime (CUDA) so far and their
+	// total: progress.
+	OnLoad func(done, total int64)
 }
 
 func (o Options) cpu() cpu.Options {
-	return cpu.Options{KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks, FP8Activations: o.FP8Activations, Threads: o.Threads}
+	return cpu.Options{KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks, FP8Activations: o.FP8Activations, Threads: o.Threads, OnLoad: o.OnLoad}
 }
 
 func (o Options) cuda() cuda.Options {
@@ -65,7 +70,7 @@ func (o Options) cuda() cuda.Options {
 		LibPath: o.LibPath, Arch: o.Arch, CacheDir: o.CacheDir,
 		Device: o.Device, TP: o.TP, KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks,
 		MemoryBudget: o.MemoryBudget, MaxTokensPerStep: o.MaxTokensPerStep, MaxSeqs: o.MaxSeqs,
-		Exact: o.CUDAExact, NoGraphs: o.CUDANoGraphs,
+		Exact: o.CUDAExact, NoGraphs: o.CUDANoGraphs, OnLoad: o.OnLoad,
 	}
 }
 

@@ -259,6 +259,25 @@ func Run(ctx context.Context, eng *engine.Engine, w Workload, done func(RunResul
 // RunProfiled is Run that also profiles the measured part of every run with
 // prof (the engine's backend) when prof is not nil.
 func RunProfiled(ctx context.Context, eng *engine.Engine, w Workload, prof Profiler, done func(RunResult)) ([]RunResult, error) {
+	return RunHooked(ctx, eng, w, Hooks{Profiler: prof, RunDone: done})
+}
+
+// Hooks are what RunHooked calls besides measuring; every field is optional.
+type Hooks struct {
+	// Profiler profiles the measured part of every run.
+	Profiler Profiler
+	// RunStart is called before each run's warm-up, with the run's
+	// concurrency and number of measured requests.
+	RunStart func(concurrency, requests int)
+	// Request is called after each measured request finishes (from the
+	// goroutine that followed it: several at once).
+	Request func()
+	// RunDone is called after each run.
+	RunDone func(RunResult)
+}
+
+// RunHooked is Run with progress hooks and an optional profiler.
+func RunHooked(ctx context.Context, eng *engine.Engine, w Workload, h Hooks) ([]RunResult, error) {
 	lim := eng.Limits()
 	if err := w.Check(lim); err != nil {
 		return nil, err
@@ -269,20 +288,24 @@ func RunProfiled(ctx context.Context, eng *engine.Engine, w Workload, prof Profi
 			slog.Warn("bench: the KV pool cannot hold every request at full length; expect preemptions",
 				"concurrency", c, "blocks_needed", blocks, "kv_blocks", lim.NumKVBlocks)
 		}
-		r, err := runOne(ctx, eng, w, c, uint64(i), prof)
+		if h.RunStart != nil {
+			h.RunStart(c, w.requestsFor(c))
+		}
+		r, err := runOne(ctx, eng, w, c, uint64(i), h.Profiler, h.Request)
 		if err != nil {
 			return results, fmt.Errorf("run at concurrency %d: %w", c, err)
 		}
 		results = append(results, r)
-		if done != nil {
-			done(r)
+		if h.RunDone != nil {
+			h.RunDone(r)
 		}
 	}
 	return results, nil
 }
 
 // runOne runs the warm-up and then the measured requests at concurrency c.
-func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex uint64, prof Profiler) (RunResult, error) {
+// onReq, if not nil, is called after each measured request.
+func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex uint64, prof Profiler, onReq func()) (RunResult, error) {
 	vocab := eng.Limits().VocabSize
 	rng := rand.New(rand.NewPCG(uint64(w.Seed), runIndex))
 	nWarm, nReq := w.warmupFor(c), w.requestsFor(c)
@@ -301,7 +324,7 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 	// Seeds for sampled runs: distinct per request, reproducible per run.
 	seedBase := w.Seed + int64(runIndex)<<32
 	if nWarm > 0 {
-		if _, err := drive(ctx, eng, w, min(c, nWarm), warm, seedBase+int64(nReq), nil); err != nil {
+		if _, err := drive(ctx, eng, w, min(c, nWarm), warm, seedBase+int64(nReq), nil, nil); err != nil {
 			return RunResult{}, fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -318,9 +341,9 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 		arrival *requestTiming
 	)
 	if w.ArrivalLen > 0 {
-		timings, arrival, err = driveWithArrival(ctx, eng, w, c, measured, seedBase, rng)
+		timings, arrival, err = driveWithArrival(ctx, eng, w, c, measured, seedBase, rng, onReq)
 	} else {
-		timings, err = drive(ctx, eng, w, c, measured, seedBase, nil)
+		timings, err = drive(ctx, eng, w, c, measured, seedBase, nil, onReq)
 	}
 	if err != nil {
 		if prof != nil {
@@ -376,8 +399,9 @@ func ms(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
 // drive runs prompts through eng with at most c in flight (closed loop:
 // each of c workers submits its next request when the previous one ends)
 // and checks that every request produced exactly w.OutputLen tokens.
-// tokens, if not nil, counts every token the streams receive.
-func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64, tokens *atomic.Int64) ([]requestTiming, error) {
+// tokens, if not nil, counts every token the streams receive; onReq, if not
+// nil, is called after each request finishes.
+func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64, tokens *atomic.Int64, onReq func()) ([]requestTiming, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	timings := make([]requestTiming, len(prompts))
@@ -427,6 +451,9 @@ func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [
 					return
 				}
 				timings[i] = t
+				if onReq != nil {
+					onReq()
+				}
 			}
 		})
 	}
@@ -523,7 +550,7 @@ func floorAt(r *RunResult, m FloorModel, bw Bandwidth) (Floor, error) {
 // produced about six tokens each, submits one request with a prompt of w.ArrivalLen
 // random tokens and one output token. It returns the streams' timings and
 // the arrival's.
-func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64, rng *rand.Rand) ([]requestTiming, *requestTiming, error) {
+func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [][]int32, seedBase int64, rng *rand.Rand, onReq func()) ([]requestTiming, *requestTiming, error) {
 	vocab := eng.Limits().VocabSize
 	long := make([]int32, w.ArrivalLen)
 	for j := range long {
@@ -538,7 +565,7 @@ func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int
 	}
 	streams := make(chan out, 1)
 	go func() {
-		t, err := drive(ctx, eng, w, c, prompts, seedBase, &tokens)
+		t, err := drive(ctx, eng, w, c, prompts, seedBase, &tokens, onReq)
 		streams <- out{t, err}
 	}()
 	// Two tokens per stream put the first wave in decode; four more give the

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/glmctl/glmctl/pkg/backend/cpu"
@@ -287,5 +288,34 @@ func TestRunArrival(t *testing.T) {
 	w.ArrivalLen = 1 << 20
 	if _, err := Run(context.Background(), eng, w, nil); err == nil || !strings.Contains(err.Error(), "arrival length") {
 		t.Errorf("oversized arrival: err %v", err)
+	}
+}
+
+func TestRunHooked(t *testing.T) {
+	eng := startEngine(t, engine.Config{MaxBatchedTokens: 256, MaxSeqs: 16})
+	w := Workload{Concurrency: []int{1, 2}, Requests: 3, Warmup: 1, InputLen: 8, OutputLen: 3, Seed: 1}
+	var (
+		mu     sync.Mutex
+		events []string
+		reqs   int
+	)
+	_, err := RunHooked(context.Background(), eng, w, Hooks{
+		RunStart: func(c, n int) { events = append(events, fmt.Sprintf("start %d %d", c, n)) },
+		Request: func() {
+			mu.Lock()
+			reqs++
+			mu.Unlock()
+		},
+		RunDone: func(r RunResult) {
+			events = append(events, fmt.Sprintf("done %d after %d requests", r.Concurrency, reqs))
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Warm-up requests are not counted.
+	want := []string{"start 1 3", "done 1 after 3 requests", "start 2 3", "done 2 after 6 requests"}
+	if fmt.Sprint(events) != fmt.Sprint(want) {
+		t.Errorf("hooks %q, want %q", events, want)
 	}
 }

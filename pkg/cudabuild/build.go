@@ -66,6 +66,11 @@ type Options struct {
 	Verbose bool
 	// Log receives progress and compiler warnings (nil: discarded).
 	Log io.Writer
+	// Progress, if not nil, follows the compile and link steps (the
+	// translation units, then the link): it is called with done = 0 before
+	// the first, and after each. The "[i/n] compiled" lines are then left
+	// out of Log (a progress bar shows them).
+	Progress func(done, total int)
 }
 
 // toolchain is a resolved nvcc with the directories it builds against.
@@ -303,6 +308,10 @@ func (p *plan) compileAndLink(ctx context.Context, work string, o Options, log i
 		jobs = min(runtime.NumCPU(), maxJobs)
 	}
 	jobs = max(1, min(jobs, len(p.units)))
+	steps := len(p.units) + 1 // the units, then the link
+	if o.Progress != nil {
+		o.Progress(0, steps)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -336,7 +345,11 @@ func (p *plan) compileAndLink(ctx context.Context, work string, o Options, log i
 				return
 			}
 			done++
-			fmt.Fprintf(log, "libglmcuda: [%d/%d] compiled %s\n", done, len(p.units), u)
+			if o.Progress != nil {
+				o.Progress(done, steps)
+			} else {
+				fmt.Fprintf(log, "libglmcuda: [%d/%d] compiled %s\n", done, len(p.units), u)
+			}
 			if strings.TrimSpace(out) != "" {
 				fmt.Fprintf(log, "%s\n", strings.TrimSpace(out))
 			}
@@ -366,6 +379,9 @@ func (p *plan) compileAndLink(ctx context.Context, work string, o Options, log i
 		return "", fmt.Errorf("nvcc link %s: %w\n%s", LibName, err, tail(msg, 8000))
 	} else if strings.TrimSpace(msg) != "" {
 		fmt.Fprintf(log, "%s\n", strings.TrimSpace(msg))
+	}
+	if o.Progress != nil {
+		o.Progress(steps, steps)
 	}
 	fmt.Fprintf(log, "libglmcuda: linked %s\n", LibName)
 	return out, nil

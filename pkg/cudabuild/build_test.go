@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	cudasrc "github.com/glmctl/glmctl/cuda"
@@ -472,5 +473,31 @@ func TestFlagsMatchBuildScript(t *testing.T) {
 	wantDirs := []string{"comm", "kernels", "runtime"}
 	if !slices.Equal(scriptDirs, wantDirs) {
 		t.Errorf("cuda/build.sh compiles %v, cudasrc.Units covers %v", scriptDirs, wantDirs)
+	}
+}
+
+// Progress follows the units and the link, and replaces the per-unit lines.
+func TestBuildProgress(t *testing.T) {
+	f := newFakeToolchain(t, "")
+	var (
+		log   bytes.Buffer
+		mu    sync.Mutex
+		calls []string
+	)
+	o := Options{Arch: "90a", NVCC: f.nvcc, CacheDir: t.TempDir(), Jobs: 2, Log: &log,
+		Progress: func(done, total int) {
+			mu.Lock()
+			calls = append(calls, fmt.Sprintf("%d/%d", done, total))
+			mu.Unlock()
+		}}
+	if _, err := Build(context.Background(), o); err != nil {
+		t.Fatalf("Build: %v\nlog:\n%s", err, log.String())
+	}
+	n := len(cudasrc.Units()) + 1
+	if len(calls) != n+1 || calls[0] != fmt.Sprintf("0/%d", n) || calls[n] != fmt.Sprintf("%d/%d", n, n) {
+		t.Errorf("progress calls %v, want 0/%d .. %d/%d", calls, n, n, n)
+	}
+	if strings.Contains(log.String(), "] compiled ") {
+		t.Errorf("per-unit lines beside Progress:\n%s", log.String())
 	}
 }

@@ -37,6 +37,9 @@ type Options struct {
 	// ModelName is the base name of the model directory the backend loaded;
 	// a golden file made for another model is refused. Empty skips the check.
 	ModelName string
+	// OnCase, if not nil, is called after each case with the number of
+	// cases done and the file's total (progress).
+	OnCase func(done, total int)
 }
 
 // Mismatch is one greedy step where the backend chose another token.
@@ -137,6 +140,9 @@ func Compare(ctx context.Context, be engine.Backend, f *File, opt Options) (*Rep
 			return nil, fmt.Errorf("golden %s case %d: %w", name, i, err)
 		}
 		r.Cases = append(r.Cases, cr)
+		if opt.OnCase != nil {
+			opt.OnCase(i+1, len(f.Cases))
+		}
 	}
 	r.Pass = true
 	for i, c := range r.Cases {

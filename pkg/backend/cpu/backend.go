@@ -62,6 +62,9 @@ type Options struct {
 	FP8Activations bool    // per-token dynamic FP8 activation quantization in every quantized linear (spec §4.3)
 	Threads        int     // worker goroutines; 0 -> runtime.GOMAXPROCS(0)
 	Variant        Variant // test hook: deliberately wrong math (zero value = correct)
+	// OnLoad, if not nil, is called as weights are read, with the
+	// checkpoint bytes read so far and the total to read (progress).
+	OnLoad func(done, total int64)
 }
 
 // Backend is the CPU implementation of engine.Backend. Step calls are
@@ -113,7 +116,7 @@ func Open(dir string, o Options) (*Backend, error) {
 		return nil, fmt.Errorf("cpu backend: KV pool of %d blocks x %d tokens needs %d bytes as float32, over the limit of %d; ask for fewer blocks",
 			o.NumKVBlocks, o.KVBlockSize, kvBytes, int64(MaxKVBytes))
 	}
-	w, err := loadWeights(dir, cfg, o.FP8Activations)
+	w, err := loadWeights(dir, cfg, o.FP8Activations, o.OnLoad)
 	if err != nil {
 		return nil, fmt.Errorf("cpu backend: %w", err)
 	}

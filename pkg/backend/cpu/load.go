@@ -52,9 +52,12 @@ type loader struct {
 	ck   *safetensors.Checkpoint
 	bind *model.Binding
 	fp8  bool
+	// onLoad reports the bytes read of total (nil: nobody asked).
+	onLoad      func(done, total int64)
+	done, total int64
 }
 
-func loadWeights(dir string, cfg *model.Config, fp8 bool) (*weights, error) {
+func loadWeights(dir string, cfg *model.Config, fp8 bool, onLoad func(done, total int64)) (*weights, error) {
 	ck, err := safetensors.Open(dir, safetensors.OpenOptions{})
 	if err != nil {
 		return nil, err
@@ -74,7 +77,10 @@ func loadWeights(dir string, cfg *model.Config, fp8 bool) (*weights, error) {
 		return nil, fmt.Errorf("%s: the CPU backend holds weights as float32 and would need %d bytes, over its limit of %d (it is meant for small models; use the CUDA backend)",
 			dir, need, int64(MaxWeightBytes))
 	}
-	ld := &loader{ck: ck, bind: bind, fp8: fp8}
+	ld := &loader{ck: ck, bind: bind, fp8: fp8, onLoad: onLoad}
+	if onLoad != nil {
+		ld.total = readBytes(cfg, bind)
+	}
 	return ld.load(cfg)
 }
 
@@ -92,6 +98,28 @@ func weightBytes(cfg *model.Config, bind *model.Binding) int64 {
 		}
 	}
 	return 4 * n
+}
+
+// readBytes is the checkpoint size of every main-model tensor the loader
+// reads (for progress).
+func readBytes(cfg *model.Config, bind *model.Binding) int64 {
+	var n int64
+	for _, t := range bind.Tensors {
+		if !isMTP(cfg, t.Name) {
+			n += t.ByteSize()
+		}
+	}
+	for _, l := range bind.Linears {
+		if l.Spec.MTP {
+			continue
+		}
+		for _, t := range []*safetensors.TensorInfo{l.Weight, l.Bias, l.Scale} {
+			if t != nil && (t != l.Scale || l.Quantized) {
+				n += t.ByteSize()
+			}
+		}
+	}
+	return n
 }
 
 func isMTP(cfg *model.Config, name string) bool {
@@ -211,6 +239,10 @@ func (ld *loader) tensor(name string, want int) ([]float32, error) {
 	dst := make([]float32, want)
 	if err := safetensors.DecodeFloat32s(info.DType, data, dst); err != nil {
 		return nil, fmt.Errorf("tensor %s (shard %s): %w", name, info.File, err)
+	}
+	if ld.onLoad != nil {
+		ld.done += int64(len(data))
+		ld.onLoad(ld.done, max(ld.total, ld.done))
 	}
 	return dst, nil
 }

@@ -53,6 +53,11 @@ type Options struct {
 	// NoGraphs launches every kernel of every step; by default decode steps
 	// are captured as CUDA graphs per batch-size bucket and replayed.
 	NoGraphs bool
+	// OnLoad, if not nil, is called after each tensor handed to the
+	// runtime, with the checkpoint bytes handed over so far and their total
+	// (progress; how the runtime splits them over the GPUs is its own). It
+	// replaces the periodic "loading weights" log lines.
+	OnLoad func(done, total int64)
 }
 
 // Backend is a loaded CUDA engine. It implements engine.Backend.
@@ -171,7 +176,7 @@ func OpenContext(ctx context.Context, dir string, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cuda backend %s: %w", path, err)
 	}
-	if err := b.loadTensors(ctx, ckpt, skip); err != nil {
+	if err := b.loadTensors(ctx, ckpt, skip, o.OnLoad); err != nil {
 		return nil, err
 	}
 	if err := b.finish(path, cfg); err != nil {
@@ -226,7 +231,7 @@ func (b *Backend) finish(path string, cfg *model.Config) error {
 
 // loadTensors hands every checkpoint tensor (sorted by name, so failures are
 // reproducible) to the runtime, straight from the mmap.
-func (b *Backend) loadTensors(ctx context.Context, ckpt *safetensors.Checkpoint, skip map[string]bool) error {
+func (b *Backend) loadTensors(ctx context.Context, ckpt *safetensors.Checkpoint, skip map[string]bool, onLoad func(done, total int64)) error {
 	names := make([]string, 0, len(ckpt.Tensors))
 	var total int64
 	for name, t := range ckpt.Tensors {
@@ -265,7 +270,9 @@ func (b *Backend) loadTensors(ctx context.Context, ckpt *safetensors.Checkpoint,
 			return fmt.Errorf("cuda backend: %w", err)
 		}
 		done += int64(len(data))
-		if time.Since(lastLog) > 5*time.Second {
+		if onLoad != nil {
+			onLoad(done, total)
+		} else if time.Since(lastLog) > 5*time.Second {
 			lastLog = time.Now()
 			slog.Info("cuda backend: loading weights", "tensors", fmt.Sprintf("%d/%d", i+1, len(names)),
 				"gb", fmt.Sprintf("%.1f/%.1f", float64(done)/1e9, float64(total)/1e9))
