@@ -3,10 +3,9 @@ package anthropic
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"github.com/glmctl/glmctl/pkg/server/internal/wirejson"
 	"math"
-	"reflect"
 	"strings"
 )
 
@@ -166,67 +165,6 @@ func decodePrompt(body []byte) (string, *Prompt, *Error) {
 		}
 	}
 	return model, p, nil
-}
-
-// unmarshal decodes data into v and turns decoding errors into 400s; prefix
-// is prepended to field paths ("messages.3.").
-func unmarshal(data []byte, v any, prefix string) *Error {
-	if len(bytes.TrimSpace(data)) == 0 {
-		if prefix == "" {
-			return BadRequest("", "request body is empty: want a JSON object")
-		}
-		return BadRequest(strings.TrimSuffix(prefix, "."), "%s: value is empty", strings.TrimSuffix(prefix, "."))
-	}
-	err := json.Unmarshal(data, v)
-	if err == nil {
-		return nil
-	}
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		field := prefix + te.Field
-		if te.Field == "" {
-			field = strings.TrimSuffix(prefix, ".")
-		}
-		if field == "" {
-			return BadRequest("", "request body must be a JSON object, got %s", te.Value)
-		}
-		return BadRequest(field, "%s: expected %s, got %s", field, jsonTypeName(te.Type), te.Value)
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return BadRequest(strings.TrimSuffix(prefix, "."), "invalid JSON at byte %d: %v", se.Offset, se)
-	}
-	return BadRequest(strings.TrimSuffix(prefix, "."), "invalid JSON: %v", err)
-}
-
-// jsonTypeName says which JSON type a Go destination type wants.
-func jsonTypeName(t reflect.Type) string {
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t == nil {
-		return "a value"
-	}
-	switch t.Kind() {
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
-		return "an integer (in range)"
-	case reflect.Float32, reflect.Float64:
-		return "a number (in range)"
-	case reflect.String:
-		return "a string"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.Struct, reflect.Map:
-		return "an object"
-	}
-	return "a " + t.Kind().String()
-}
-
-func isNull(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	return len(raw) == 0 || bytes.Equal(raw, []byte("null"))
 }
 
 // decodeText reads a string, or an array of text blocks joined with "\n"
@@ -543,3 +481,13 @@ func decodeToolInput(raw json.RawMessage, param string) (json.RawMessage, *Error
 	}
 	return buf.Bytes(), nil
 }
+
+// unmarshal decodes a wire value, naming the offending parameter on failure.
+func unmarshal(data []byte, v any, prefix string) *Error {
+	if param, msg, failed := wirejson.Unmarshal(data, v, prefix); failed {
+		return BadRequest(param, "%s", msg)
+	}
+	return nil
+}
+
+func isNull(raw json.RawMessage) bool { return wirejson.IsNull(raw) }

@@ -3,10 +3,9 @@ package openai
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
+	"github.com/glmctl/glmctl/pkg/server/internal/wirejson"
 	"math"
-	"reflect"
 	"strings"
 )
 
@@ -251,67 +250,6 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 	return req, nil
 }
 
-// unmarshal decodes data into v and turns decoding errors into 400s; prefix
-// is prepended to field paths ("messages[3].").
-func unmarshal(data []byte, v any, prefix string) *Error {
-	if len(bytes.TrimSpace(data)) == 0 {
-		if prefix == "" {
-			return BadRequest("", "request body is empty: want a JSON object")
-		}
-		return BadRequest(strings.TrimSuffix(prefix, "."), "value is empty")
-	}
-	err := json.Unmarshal(data, v)
-	if err == nil {
-		return nil
-	}
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		field := prefix + te.Field
-		if te.Field == "" {
-			field = strings.TrimSuffix(prefix, ".")
-		}
-		got := te.Value
-		if field == "" {
-			return BadRequest("", "request body must be a JSON object, got %s", got)
-		}
-		return BadRequest(field, "%s: expected %s, got %s", field, jsonTypeName(te.Type), got)
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return BadRequest(strings.TrimSuffix(prefix, "."), "invalid JSON at byte %d: %v", se.Offset, se)
-	}
-	return BadRequest(strings.TrimSuffix(prefix, "."), "invalid JSON: %v", err)
-}
-
-// jsonTypeName says which JSON type a Go destination type wants.
-func jsonTypeName(t reflect.Type) string {
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if t == nil {
-		return "a value"
-	}
-	if t == reflect.TypeFor[json.RawMessage]() {
-		return "a JSON value"
-	}
-	switch t.Kind() {
-	case reflect.Bool:
-		return "a boolean"
-	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
-		return "an integer (in range)"
-	case reflect.Float32, reflect.Float64:
-		return "a number (in range)"
-	case reflect.String:
-		return "a string"
-	case reflect.Slice, reflect.Array:
-		return "an array"
-	case reflect.Struct, reflect.Map:
-		return "an object"
-	}
-	return "a " + t.Kind().String()
-}
-
 func (w samplingWire) validate() (Sampling, *Error) {
 	s := Sampling{Temperature: w.Temperature, TopP: w.TopP, TopK: w.TopK, MinP: w.MinP,
 		PresencePenalty: w.PresencePenalty, FrequencyPenalty: w.FrequencyPenalty,
@@ -394,11 +332,6 @@ func streamFlags(stream *bool, opts *streamOptionsWire) (bool, bool, *Error) {
 		return false, false, BadRequest("stream_options", "stream_options is only allowed with stream set to true")
 	}
 	return true, opts.IncludeUsage != nil && *opts.IncludeUsage, nil
-}
-
-func isNull(raw json.RawMessage) bool {
-	raw = bytes.TrimSpace(raw)
-	return len(raw) == 0 || bytes.Equal(raw, []byte("null"))
 }
 
 func decodeStop(raw json.RawMessage) ([]string, *Error) {
@@ -726,3 +659,14 @@ func tokenIDs(raw json.RawMessage, param string) ([]int32, *Error) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// unmarshal decodes data into v and turns decoding errors into 400s; prefix
+// is prepended to field paths ("messages[3].").
+func unmarshal(data []byte, v any, prefix string) *Error {
+	if param, msg, failed := wirejson.Unmarshal(data, v, prefix); failed {
+		return BadRequest(param, "%s", msg)
+	}
+	return nil
+}
+
+func isNull(raw json.RawMessage) bool { return wirejson.IsNull(raw) }
