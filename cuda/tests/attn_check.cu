@@ -47,20 +47,6 @@ using namespace glmk;
 
 static int g_num_sms = 132;
 
-static const uint16_t kBf16NaN = 0x7fc0;
-
-// Fast normal-ish samples for bulk data (sum of 4 uniforms, unit variance).
-struct FastRng {
-  uint64_t s;
-  uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }
-  float nrm() {
-    const uint64_t z = next();
-    float t = 0;
-    for (int i = 0; i < 4; ++i) t += (float)((z >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
-    return (t - 2.0f) * 1.7320508f;
-  }
-};
-
 // One workspace for every correctness case, zeroed only when (re)allocated:
 // a launch that leaves a counter non-zero would break a later case, so every
 // case checks the counter header after its launches (and re-zeroes it).
@@ -613,14 +599,6 @@ static void check_invalid() {
 }
 
 // ------------------------------------------------------------ bench
-
-static __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const uint64_t z = mix64(seed + i * 0x9E3779B97F4A7C15ull);
-    const float v = ((float)(z & 0xffff) / 65536.0f - 0.5f) * 4.0f;  // [-2, 2)
-    p[i] = __bfloat16_as_ushort(__float2bfloat16(v));
-  }
-}
 
 static __global__ void fill_f32_kernel(float* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {

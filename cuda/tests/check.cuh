@@ -1,5 +1,5 @@
 // check.cuh — the harness shared by the test programs of cuda/tests
-// (kernel_check, attn_check, small_check): CUDA error checks, the seeded host
+// (kernel_check, attn_check, prefill_check, grouped_check, small_check): CUDA error checks, the seeded host
 // RNG and its draws, host FP8 / BF16 references, device buffers, the result
 // table with its report lines and summary, and event / CUDA-graph timing.
 // Each program is compiled on its own (cuda/build.sh --tests); this header is
@@ -12,6 +12,7 @@
 //   #define CHECK_DETAIL_W 44  // the case
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -126,6 +127,32 @@ static inline std::vector<float> make_inv_freq(int rot, float theta) {
   std::vector<float> f(rot / 2);
   for (int i = 0; i < rot / 2; ++i) f[i] = 1.0f / std::pow(theta, (float)(2 * i) / (float)rot);
   return f;
+}
+
+// A quiet BF16 NaN: fills cache slots no context reaches, so a read past a
+// sequence's keys shows in the output (attn_check, prefill_check).
+static const uint16_t kBf16NaN = 0x7fc0;
+
+// Fast normal-ish samples for bulk data (sum of 4 uniforms, unit variance).
+struct FastRng {
+  uint64_t s;
+  uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }
+  float nrm() {
+    const uint64_t z = next();
+    float t = 0;
+    for (int i = 0; i < 4; ++i) t += (float)((z >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
+    return (t - 2.0f) * 1.7320508f;
+  }
+};
+
+// Device fill of n BF16 values in [-2, 2) from a seed (benches: the values do
+// not matter, the host fill would be slow at long contexts).
+static __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const uint64_t z = mix64(seed + i * 0x9E3779B97F4A7C15ull);
+    const float v = ((float)(z & 0xffff) / 65536.0f - 0.5f) * 4.0f;
+    p[i] = __bfloat16_as_ushort(__float2bfloat16(v));
+  }
 }
 
 // ------------------------------------------------------------ device buffers

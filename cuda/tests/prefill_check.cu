@@ -47,19 +47,6 @@ size_t prefill_attention_counter_bytes();
 using namespace glmk;
 
 static int g_num_sms = 132;
-static const uint16_t kBf16NaN = 0x7fc0;
-
-struct FastRng {
-  uint64_t s;
-  uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }
-  float nrm() {
-    const uint64_t z = next();
-    float t = 0;
-    for (int i = 0; i < 4; ++i) t += (float)((z >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
-    return (t - 2.0f) * 1.7320508f;
-  }
-};
-
 // One workspace for every case, zeroed only when (re)allocated.
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
@@ -390,15 +377,6 @@ static void check_invalid() {
 }
 
 // ------------------------------------------------------------ bench
-
-static __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const uint64_t z = mix64(seed + i);
-    const float f = ((float)(z & 0xffff) / 65536.f - 0.5f) * 3.4f;
-    uint32_t u = __float_as_uint(f);
-    p[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  }
-}
 
 struct BenchShape {
   std::string name;
