@@ -247,7 +247,7 @@ type requestTiming struct {
 	submit, first, last time.Time
 	tokens              int
 	prompt              int
-	stamps              []time.Time // every token's arrival (for inter-token gaps)
+	stamps              []time.Time // every token's arrival (arrival runs only: inter-token gaps)
 }
 
 // Run measures one workload run per concurrency value on a running engine,
@@ -484,8 +484,8 @@ func oneRequest(ctx context.Context, eng *engine.Engine, req *engine.Request, wa
 			}
 			t.last = now
 			t.tokens++
-			t.stamps = append(t.stamps, now)
-			if tokens != nil {
+			if tokens != nil { // an arrival run: its report needs every gap
+				t.stamps = append(t.stamps, now)
 				tokens.Add(1)
 			}
 		}
