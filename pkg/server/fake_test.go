@@ -312,6 +312,23 @@ func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// waitForEngine polls cond on the engine's stats until it holds or the
+// deadline passes; on timeout the last stats are part of the failure.
+func waitForEngine(t testing.TB, s *Server, what string, d time.Duration, cond func(engine.Stats) bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st := s.Engine().Stats()
+		if cond(st) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s; engine stats %+v", d, what, st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // idle reports whether the engine holds no requests and no KV blocks.
 func idle(s *Server) bool {
 	st := s.Engine().Stats()
