@@ -70,35 +70,43 @@ func (d *StreamDecoder) Add(id int32) (string, error) {
 // re-decoded ever longer — all of it but its last ids (emitStable).
 const maxPendingIDs = 16
 
-// holdIDs is how many trailing ids emitStable keeps pending at most when no
-// shorter cut ends on a whole character: an incomplete character is at most
-// 3 bytes, one byte-level token or more each.
+// holdIDs is how many trailing text-producing ids emitStable keeps pending
+// at least when no shorter cut ends on a whole character: an incomplete
+// character is at most 3 bytes, one byte-level token or more each. Ids that
+// make no text (skipped specials) do not count: a character's lead byte may
+// sit behind any number of them.
 const holdIDs = 4
+
+// maxCutSearch bounds how far back emitStable looks for a cut, so a long run
+// of ids that make no text costs a bounded number of decodes per id.
+const maxCutSearch = 64
 
 // emitStable emits the longest part of a long pending run that later ids
 // cannot change, and keeps the rest pending. Emitting the whole run would
 // be wrong when its trailing U+FFFD is an incomplete character that the next
 // ids complete (the whole decode then shows the character, not U+FFFD). A
 // cut after a whole character (text not ending in U+FFFD) is final; failing
-// one within holdIDs ids, the cut before the last holdIDs ids is taken (a
-// run of invalid bytes: its U+FFFDs are final).
+// that, the cut that leaves holdIDs text-producing ids pending (a run of
+// invalid bytes: the U+FFFDs before them are final).
 func (d *StreamDecoder) emitStable(prev, cur string) (string, error) {
 	n := len(d.ids)
 	cut, text := -1, ""
-	for j := 1; j <= holdIDs && n-j > d.read; j++ {
+	textIDs, after := 0, cur // text-producing ids past the cut; decode up to the previous cut
+	for j := 1; j <= maxCutSearch && n-j > d.read; j++ {
 		t, err := d.tok.Decode(d.ids[d.prefix:n-j], d.skipSpecial)
 		if err != nil {
 			return "", err
 		}
+		if t != after {
+			textIDs++ // id n-j made text
+		}
+		after = t
 		if len(t) <= len(prev) || !strings.HasPrefix(cur, t) {
 			continue
 		}
-		if !strings.HasSuffix(t, "\uFFFD") {
+		if !strings.HasSuffix(t, "\uFFFD") || textIDs >= holdIDs {
 			cut, text = n-j, t
 			break
-		}
-		if j == holdIDs {
-			cut, text = n-j, t
 		}
 	}
 	if cut < 0 {
