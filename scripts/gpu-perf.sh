@@ -4,17 +4,21 @@
 # (libglmcuda.so and the kernel test programs: `cuda/build.sh --check --tests
 # -o .carry/cuda`) carried from the development machine. Stages, in order:
 #
-#   check    kernel_check, attn_check, prefill_check, grouped_check, small_check against
+#   check    kernel_check, attn_check, prefill_check, grouped_check, small_check,
+#            stream_tc_check against
 #            float64 references;
 #            the tiny models validated on CUDA (FP8 and exact); greedy tokens with
 #            CUDA graphs on and off (must be identical); the -tags gpu Go tests
 #   kernels  attention decode bench next to PyTorch SDPA on the same shapes;
-#            the small-kernel bench
+#            the small-kernel bench; the tensor-core streaming GEMM next to
+#            cuBLASLt and gemm_fp8_stream (stream_tc_check --bench-only)
 #   grid     glmctl bench --synthetic glm-4.7 --rank 0/8: decode step time at
 #            batch {1,4,16,64,128,256} x context {1k,4k,16k}, floor and ratio
 #   profile  the same at context 2k for batch 1, 64, 256 with --profile, graphs
 #            on and off
 #   ncu      kernel durations of eager decode steps (6 layers) from ncu
+#   ncu-prefill  duration, DRAM and SM throughput per kernel of an eager 2k prefill
+#            step and a batch-64 decode step (6 layers), from ncu
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
 #   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes); the
@@ -64,7 +68,7 @@ else
 fi
 
 if want check; then
-  for t in kernel_check attn_check prefill_check grouped_check small_check; do
+  for t in kernel_check attn_check prefill_check grouped_check small_check stream_tc_check; do
     if [[ ! -x "$PRE/$t" ]]; then fail "$t               missing in $PRE"; continue; fi
     if timeout "$T" "$PRE/$t" >"$LOG/$t.log" 2>&1; then note "$(printf '%-21s' $t) ok ($(grep -m1 -o '[0-9]* checks, [0-9]* failed' "$LOG/$t.log"))"
     else fail "$(printf '%-21s' $t) FAIL (see $t.log)"; grep -m12 FAIL "$LOG/$t.log"; tail -3 "$LOG/$t.log"; fi
@@ -117,7 +121,9 @@ if want kernels; then
   cp "$LOG/attn-bench.txt" "$LOG/sdpa.txt" "$FINAL/" 2>/dev/null
   timeout "$T" "$PRE/small_check" --bench-only >"$LOG/small-bench.txt" 2>&1 || fail "small_check --bench FAIL"
   cp "$LOG/small-bench.txt" "$FINAL/" 2>/dev/null
-  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt, kc-bench.txt"
+  timeout "$T" "$PRE/stream_tc_check" --bench-only >"$LOG/stream-tc-bench.txt" 2>&1 || fail "stream_tc_check --bench FAIL"
+  cp "$LOG/stream-tc-bench.txt" "$FINAL/" 2>/dev/null
+  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt, kc-bench.txt, stream-tc-bench.txt"
 fi
 
 if want grid; then
@@ -152,6 +158,23 @@ if want ncu; then
     else fail "ncu batch $b            FAIL"; tail -5 "$LOG/ncu-b$b.err"; fi
     cp "$LOG/ncu-b$b.csv" "$FINAL/" 2>/dev/null
   done
+fi
+
+if want ncu-prefill; then
+  # Per-kernel duration, DRAM and SM throughput of one eager 2k prefill step and
+  # one batch-64 decode step (6 layers: 3 dense + 3 MoE), from the hardware counters.
+  M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__throughput.avg.pct_of_peak_sustained_elapsed
+  if timeout "$T" ncu --clock-control none --replay-mode application --metrics $M --csv --print-units base \
+       "$G" bench "${SYN[@]}" --layers 6 --cuda-graphs=false --concurrency 1 --input-len 2048 --output-len 2 --requests 1 --warmup 0 \
+       --log-level warn >"$LOG/ncu-prefill.csv" 2>"$LOG/ncu-prefill.err"; then
+    note "ncu prefill 2k        ok (ncu-prefill.csv)"
+  else fail "ncu prefill 2k        FAIL"; tail -5 "$LOG/ncu-prefill.err"; fi
+  if timeout "$T" ncu --clock-control none --replay-mode application --metrics $M --csv --print-units base \
+       "$G" bench "${SYN[@]}" --layers 6 --cuda-graphs=false --batches 64 --contexts 2048 --steps 1 --warmup-steps 1 \
+       --log-level warn >"$LOG/ncu-dram-b64.csv" 2>"$LOG/ncu-dram-b64.err"; then
+    note "ncu decode b64 dram   ok (ncu-dram-b64.csv)"
+  else fail "ncu decode b64 dram   FAIL"; tail -5 "$LOG/ncu-dram-b64.err"; fi
+  cp "$LOG/ncu-prefill.csv" "$LOG/ncu-dram-b64.csv" "$FINAL/" 2>/dev/null
 fi
 
 if want e2e; then

@@ -432,6 +432,31 @@ struct GroupedTcTuning {
 cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tune,
                                       cudaStream_t st);
 
+// Tensor-core weight streaming for decode-sized batches (gemm_stream_tc.cu,
+// sm_90 only): the same Y as gemm_fp8_stream (dense or grouped, x_rows,
+// bias), with the weights as the wgmma A operand streamed by TMA and the
+// token rows (tiles of 16, 32, 64 or 128) as its B operand; FP32 promotion
+// every 128 K (cuBLASLt's precision). M must be set (grouped: a bound on the
+// sorted rows, e.g. rows x slots), K % 128 == 0, W and X 16-byte aligned.
+// Splits of K over CTAs need the workspace: partials and per-tile counters
+// that must be zero before the first launch (each launch leaves them zero);
+// a launch splits no more than the workspace holds (none: one CTA per unit).
+struct StreamTcWorkspace {
+  float* partials = nullptr;
+  size_t partial_floats = 0;
+  int* counters = nullptr;
+  int n_counters = 0;
+};
+struct StreamTcTuning {
+  int token_tile = 0;  // 16, 32, 64, 128; 0: from max_rows_per_group (dense) or twice typical_rows_per_group
+  int splits = 0;      // K splits per tile (1..64); 0: none (every split measured slower on an H200)
+};
+bool gemm_fp8_stream_tc_supported(int N, int K);
+// The token tile the launch would choose (StreamTcTuning::token_tile 0).
+int gemm_fp8_stream_tc_token_tile(const StreamGemmArgs& a);
+cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& ws,
+                               const StreamTcTuning& tune, cudaStream_t st);
+
 // Y[r, n] = (sum_s ws[s][r][n]) * xs[r] * w_scale[n] + bias[n]  (dense, no groups)
 cudaError_t gemm_fp8_epilogue(const float* ws, int ksplit, int M, int N, const float* x_scale,
                               const float* w_scale, const float* bias, float* Y, int64_t ldy,

@@ -75,6 +75,9 @@ struct LayerDev {
 
 struct Rank {
   int index = 0, device = 0, num_sms = 0;
+  // sm_90 (wgmma, TMA): the routed experts' gate|up past kStreamMaxRows rows
+  // run through gemm_fp8_stream_tc instead of gemm_fp8_stream's row tiles.
+  bool stream_tc = false;
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
   glmk::LtGemm lt;

@@ -380,6 +380,7 @@ int create_engine(Engine& e) {
       return fail(GLMRT_ERR_INVALID, "GPU %d (%s) is sm_%d%d; this build needs sm_90a (Hopper)",
                   r.device, prop.name, prop.major, prop.minor);
     r.num_sms = prop.multiProcessorCount;
+    r.stream_tc = prop.major == 9;
     if (i == 0) {
       char buf[256];
       snprintf(buf, sizeof buf, "%s (sm_%d%d, %.0f GiB) x%d", prop.name, prop.major, prop.minor,

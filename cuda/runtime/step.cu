@@ -719,8 +719,25 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
                           glmk::gemm_fp8_grouped_tc_supported(g.N, g.K) &&
                           glmk::gemm_fp8_grouped_tc_supported(d.H, d.MI);
   if (grouped_tc) g.M = T * d.slots;  // bounds the tiles (the streaming form leaves M unset)
-  KCHECK(grouped_tc ? glmk::gemm_fp8_grouped_tc_tuned(g, gtc, r.stream) : glmk::gemm_fp8_stream(g, r.stream),
-         "layer %d: expert gate|up", l);
+  // Past kStreamMaxRows rows (a few per expert) on sm_90: the TMA-fed
+  // tensor-core streaming kernel, whose 16/32-row token tiles hold an
+  // expert's rows in one pass. On an H200 (stream_tc_check --bench, 20 rank
+  // experts, top-1) it ran gate|up at 80-84% of HBM from 16 to 128 tokens
+  // (gemm_fp8_stream 69-77%) and 77% at 256 (67%); the down projection
+  // (K 1536) was no faster and stays on the streaming kernel.
+  const bool stream_tc_gu = !e.exact && !grouped_tc && r.stream_tc && m.policy_rows > kStreamMaxRows &&
+                            glmk::gemm_fp8_stream_tc_supported(g.N, g.K);
+  if (grouped_tc) {
+    KCHECK(glmk::gemm_fp8_grouped_tc_tuned(g, gtc, r.stream), "layer %d: expert gate|up", l);
+  } else if (stream_tc_gu) {
+    glmk::StreamGemmArgs gt = g;
+    gt.M = T * d.slots;
+    gt.typical_rows_per_group = typical;
+    KCHECK(glmk::gemm_fp8_stream_tc(gt, glmk::StreamTcWorkspace{}, glmk::StreamTcTuning{}, r.stream),
+           "layer %d: expert gate|up (tensor-core stream)", l);
+  } else {
+    KCHECK(glmk::gemm_fp8_stream(g, r.stream), "layer %d: expert gate|up", l);
+  }
   PROF(GLMRT_PROF_EXPERT_GATE_UP);
   if (e.exact)
     KCHECK(glmk::silu_mul_f32(r.big, T * d.slots, d.MI, r.hf, r.offsets + r.groups, r.stream),

@@ -1,0 +1,506 @@
+// stream_tc_check — correctness and speed of gemm_fp8_stream_tc (gemm_stream_tc.cu),
+// the tensor-core weight-streaming FP8 GEMM for decode-sized batches.
+//
+//   stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep]
+//
+// Correctness (sm_90 only; elsewhere every launch must return
+// cudaErrorNotSupported): random FP8 inputs (any finite E4M3 code), a float64
+// CPU reference from the same bytes, relative L2 error per launch (tolerance
+// 1e-3: every 128-K chain runs through Hopper's FP8 tensor accumulation before
+// its FP32 promotion, as cuBLASLt's; measured ~2e-4). Dense cases (M 1..128,
+// N a multiple of 128 or not, K 128..5120, bias on and off, ldy > N) and grouped
+// ones (20 and 160 groups with empty groups, counts past one token tile, x_rows
+// permuted, rows below the bound M), each with every token tile (16, 32, 64, 128)
+// and with 1, 3 and the automatic number of K splits. Y is poisoned first; rows
+// past the written ones and columns past N must stay untouched. A launch must
+// repeat bit for bit, leave the split counters zero, and replay identically
+// from a CUDA graph; a workspace too small for the split asked for must give
+// fewer splits, not wrong results; invalid arguments are refused.
+// Prints one row per check and "stream_tc_check: N checks, M failed"; exits 1
+// on any failure.
+//
+// --bench: the GLM-4.7 rank-0/8 decode linears (q|k|v 1792 x 5120 with bias,
+// o_proj 5120 x 1536, shared expert gate|up 3072 x 5120 and down 5120 x 1536)
+// at M = 16 .. 256 rows, next to the runtime's current paths on the same inputs
+// (cuBLASLt FP8 with the scales fused, or plus the epilogue kernel when there
+// is a bias; gemm_fp8_stream, the mma.sync streaming kernel), and the routed
+// experts (20 x gate|up, 20 x down; T tokens at top-1, multinomial) next to
+// gemm_fp8_stream's row-tiled grouped form. Microseconds per call (20 calls per
+// CUDA graph, median of replays), weights rotated over copies (>= 200 MB) so L2
+// never holds them; % = weight bytes read / time / 4.46 TB/s.
+#include <numeric>
+
+#include "kernels.h"
+
+#define CHECK_NAME_W 22
+#define CHECK_DETAIL_W 60
+#include "check.cuh"
+
+using namespace glmk;
+
+static int g_major = 0;
+static bool g_sweep = false;  // --sweep: every split count (and token tile) per bench point
+
+static void fill_fp8_host(std::vector<uint8_t>& v) {
+  for (size_t i = 0; i < v.size(); i += 8) {
+    const uint64_t z = rng();
+    for (size_t j = 0; j < 8 && i + j < v.size(); ++j) {
+      uint8_t b = (uint8_t)(z >> (8 * j));
+      if ((b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
+      v[i + j] = b;
+    }
+  }
+}
+
+struct Workspace {
+  Dev<float> partials;
+  Dev<int> counters;
+  Workspace(size_t floats, int counters_n) : partials(floats), counters(counters_n) { counters.zero(); }
+  StreamTcWorkspace view() const { return {partials.p, partials.n, counters.p, (int)counters.n}; }
+};
+
+struct Case {
+  std::string name;
+  int M = 0, N = 0, K = 0, groups = 1;
+  std::vector<int> counts;  // grouped: rows per group (sum <= M); empty: dense
+  bool bias = false, permute = false;
+  int64_t ldy = 0;
+};
+
+static void check_case(const Case& c) {
+  const bool grouped = !c.counts.empty();
+  const int G = grouped ? c.groups : 1;
+  std::vector<int> off(G + 1, 0);
+  if (grouped)
+    for (int g = 0; g < G; ++g) off[g + 1] = off[g] + c.counts[g];
+  const int total = grouped ? off[G] : c.M;
+  const int64_t ldy = c.ldy > 0 ? c.ldy : c.N;
+  const int xrows = std::max(1, c.M);
+  std::vector<uint8_t> W((size_t)G * c.N * c.K), X((size_t)xrows * c.K);
+  fill_fp8_host(W);
+  fill_fp8_host(X);
+  std::vector<float> ws((size_t)G * c.N), xs(xrows), bias;
+  for (auto& v : ws) v = randu(0.5f, 2.f) / 448.f;
+  for (auto& v : xs) v = randu(0.5f, 2.f) / 448.f;
+  if (c.bias) {
+    bias.resize((size_t)G * c.N);
+    for (auto& v : bias) v = randn();
+  }
+  std::vector<int> rows(std::max(1, total));
+  std::iota(rows.begin(), rows.end(), 0);
+  if (c.permute) std::shuffle(rows.begin(), rows.end(), rng);
+  // Reference: y[p][n] = sum_k X[x_rows[p]][k] W[g][n][k] * xs * ws + bias.
+  std::vector<double> ref((size_t)total * c.N);
+  for (int g = 0; g < G; ++g)
+    for (int p = off[g]; p < (grouped ? off[g + 1] : total); ++p) {
+      const int xr = c.permute ? rows[p] : p;
+      for (int n = 0; n < c.N; ++n) {
+        double s = 0;
+        const uint8_t* wr = &W[((size_t)g * c.N + n) * c.K];
+        const uint8_t* xp = &X[(size_t)xr * c.K];
+        for (int k = 0; k < c.K; ++k) s += fp8_dec(xp[k]) * fp8_dec(wr[k]);
+        s *= (double)xs[xr] * ws[(size_t)g * c.N + n];
+        if (c.bias) s += bias[(size_t)g * c.N + n];
+        ref[(size_t)p * c.N + n] = s;
+      }
+    }
+  Dev<uint8_t> dW(W), dX(X);
+  Dev<float> dws(ws), dxs(xs), dY((size_t)std::max(1, c.M) * ldy);
+  Dev<float> dbias(c.bias ? bias : std::vector<float>(1));
+  Dev<int> doff(off), drows(rows);
+  Workspace big(8u << 20, 1 << 16);
+  StreamGemmArgs a;
+  a.W = dW.p;
+  a.w_scale = dws.p;
+  a.bias = c.bias ? dbias.p : nullptr;
+  a.X = dX.p;
+  a.x_scale = dxs.p;
+  a.x_rows = c.permute ? drows.p : nullptr;
+  a.group_offsets = grouped ? doff.p : nullptr;
+  a.groups = G;
+  a.M = c.M;
+  a.N = c.N;
+  a.K = c.K;
+  a.Y = dY.p;
+  a.ldy = ldy;
+  a.max_rows_per_group = grouped ? *std::max_element(c.counts.begin(), c.counts.end()) : c.M;
+  for (int nt : {0, 16, 32, 64, 128}) {
+    for (int splits : {1, 3, 0}) {
+      StreamTcTuning tu;
+      tu.token_tile = nt;
+      tu.splits = splits;
+      const std::string detail = fmt("%s tile %s splits %s", c.name.c_str(), nt ? fmt("%d", nt).c_str() : "auto",
+                                     splits ? fmt("%d", splits).c_str() : "auto");
+      dY.poison();
+      const cudaError_t e = gemm_fp8_stream_tc(a, big.view(), tu, nullptr);
+      if (g_major != 9) {
+        report("stream_tc not sm_90", detail, e == cudaErrorNotSupported ? 0 : 1, 0);
+        (void)cudaGetLastError();
+        continue;
+      }
+      if (e != cudaSuccess) {
+        report("stream_tc launch", detail + " " + cudaGetErrorString(e), 1, 0);
+        continue;
+      }
+      CK(cudaDeviceSynchronize());
+      const std::vector<float> y = dY.down();
+      std::vector<double> out((size_t)total * c.N);
+      size_t outside = 0;
+      for (int r = 0; r < std::max(1, c.M); ++r)
+        for (int64_t n = 0; n < ldy; ++n) {
+          const float v = y[(size_t)r * ldy + n];
+          if (r < total && n < c.N) out[(size_t)r * c.N + n] = v;
+          else if (!std::isnan(v)) ++outside;  // poison is NaN
+        }
+      report("stream_tc", detail, rel_err(out, ref), 1e-3);
+      if (outside) report("stream_tc untouched", detail, (double)outside, 0);
+      const std::vector<int> cnt = big.counters.down();
+      size_t nonzero = 0;
+      for (int v : cnt) nonzero += v != 0;
+      if (nonzero) report("stream_tc counters", detail + " left non-zero", (double)nonzero, 0);
+      if (splits == 0 && nt == 0) {
+        // Bit-for-bit repeat, and a graph replay of the same launch.
+        CK(gemm_fp8_stream_tc(a, big.view(), tu, nullptr));
+        CK(cudaDeviceSynchronize());
+        const std::vector<float> y2 = dY.down();
+        report("stream_tc repeat", c.name + " bit for bit",
+               memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0 ? 0 : 1, 0);
+        cudaStream_t s;
+        CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        CK(gemm_fp8_stream_tc(a, big.view(), tu, s));
+        CK(cudaStreamEndCapture(s, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        dY.poison();
+        for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        const std::vector<float> y3 = dY.down();
+        report("stream_tc graph", c.name + " replay x3 bit for bit",
+               memcmp(y.data(), y3.data(), y.size() * sizeof(float)) == 0 ? 0 : 1, 0);
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+        CK(cudaStreamDestroy(s));
+        // A workspace with room for no partials: one CTA per unit, same math.
+        Workspace none(0, 0);
+        StreamTcTuning t8 = tu;
+        t8.splits = 8;
+        dY.poison();
+        CK(gemm_fp8_stream_tc(a, none.view(), t8, nullptr));
+        CK(cudaDeviceSynchronize());
+        const std::vector<float> y4 = dY.down();
+        for (int r = 0; r < total; ++r)
+          for (int n = 0; n < c.N; ++n) out[(size_t)r * c.N + n] = y4[(size_t)r * ldy + n];
+        report("stream_tc no workspace", c.name + " splits 8 asked, none fit", rel_err(out, ref), 1e-3);
+      }
+    }
+  }
+}
+
+static std::vector<int> spread(int G, int rows, std::vector<int> empty) {
+  std::vector<int> c(G, 0);
+  std::vector<int> live;
+  for (int g = 0; g < G; ++g)
+    if (std::find(empty.begin(), empty.end(), g) == empty.end()) live.push_back(g);
+  for (int r = 0; r < rows; ++r) ++c[live[randi(0, (int)live.size() - 1)]];
+  return c;
+}
+
+static void check_all() {
+  std::vector<Case> cases;
+  auto dense = [&](const char* n, int M, int N, int K, bool bias, int64_t ldy = 0) {
+    Case c;
+    c.name = n;
+    c.M = M;
+    c.N = N;
+    c.K = K;
+    c.bias = bias;
+    c.ldy = ldy;
+    cases.push_back(c);
+  };
+  dense("dense M1 N128 K128", 1, 128, 128, false);
+  dense("dense M9 N1792 K1024 bias", 9, 1792, 1024, true);
+  dense("dense M33 N200 K384 ldy264", 33, 200, 384, false, 264);
+  dense("dense M64 N512 K1536", 64, 512, 1536, true);
+  dense("dense M100 N384 K640", 100, 384, 640, false);
+  dense("dense M128 N256 K5120", 128, 256, 5120, false);
+  auto grouped = [&](const char* n, int M, int G, int N, int K, std::vector<int> counts, bool permute,
+                     bool bias) {
+    Case c;
+    c.name = n;
+    c.M = M;
+    c.groups = G;
+    c.N = N;
+    c.K = K;
+    c.counts = std::move(counts);
+    c.permute = permute;
+    c.bias = bias;
+    cases.push_back(c);
+  };
+  grouped("grouped 20x64 rows, 3 empty", 64, 20, 256, 512, spread(20, 64, {0, 7, 19}), true, false);
+  grouped("grouped 20x300 rows (tiles>1)", 300, 20, 384, 256, spread(20, 300, {4}), true, true);
+  grouped("grouped 160x40 rows, below M", 48, 160, 128, 384, spread(160, 40, {}), true, false);
+  {
+    std::vector<int> one(5, 0);
+    one[3] = 37;
+    grouped("grouped all rows in group 3", 37, 5, 256, 1024, one, false, false);
+  }
+  for (const Case& c : cases) check_case(c);
+}
+
+static void check_invalid() {
+  Dev<uint8_t> W(128 * 256), X(16 * 256);
+  Dev<float> ws(128), xs(16), Y(16 * 128);
+  StreamGemmArgs a;
+  a.W = W.p;
+  a.w_scale = ws.p;
+  a.X = X.p;
+  a.x_scale = xs.p;
+  a.M = 16;
+  a.N = 128;
+  a.K = 256;
+  a.Y = Y.p;
+  a.ldy = 128;
+  Workspace w(1 << 16, 64);
+  auto expect_invalid = [&](const char* what, StreamGemmArgs b, StreamTcTuning tu) {
+    const cudaError_t e = gemm_fp8_stream_tc(b, w.view(), tu, nullptr);
+    (void)cudaGetLastError();
+    report("stream_tc invalid", what, e == cudaErrorInvalidValue ? 0 : 1, 0);
+  };
+  StreamGemmArgs b = a;
+  b.K = 200;
+  expect_invalid("K not a multiple of 128", b, {});
+  b = a;
+  b.ldy = 64;
+  expect_invalid("ldy < N", b, {});
+  b = a;
+  b.W = W.p + 1;
+  expect_invalid("W not 16-byte aligned", b, {});
+  StreamTcTuning t;
+  t.token_tile = 24;
+  expect_invalid("token tile 24", a, t);
+  t = {};
+  t.splits = -1;
+  expect_invalid("splits -1", a, t);
+  b = a;
+  b.groups = 2;
+  expect_invalid("groups 2 without offsets", b, {});
+}
+
+static __global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint8_t b = (uint8_t)mix64(seed + i * 0x9E3779B97F4A7C15ull);
+    if ((b & 0x7f) == 0x7f) b ^= 1;
+    p[i] = b;
+  }
+}
+
+static void bench(const LtGemm& lt) {
+  const double kHbm = 4.46e12;
+  const int H = 5120, I = 1536, E = 20, MMAX = 256;
+  Dev<uint8_t> X((size_t)MMAX * H);
+  Dev<float> xs(MMAX), Y((size_t)MMAX * 2 * H), tmp((size_t)MMAX * 2 * H);
+  fill_fp8_kernel<<<1024, 256>>>(X.p, X.n, rng());
+  CK(cudaGetLastError());
+  xs.up(std::vector<float>(xs.n, 1.f / 448));
+  Workspace wsp(16u << 20, 1 << 16);
+  auto graph_us = [&](auto launch) { return 1e3 * graph_replay_ms(launch, 20, 20, 3, 3) / 20; };
+  printf("\nbench: GLM-4.7 rank-0/8 decode linears; us per call (20 per CUDA graph), %% of 4.46 TB/s on weight bytes\n");
+  printf("tc = gemm_fp8_stream_tc (auto tile/splits), lt = cuBLASLt FP8 (+ epilogue with bias: the runtime's path\n");
+  printf("past 8 rows), stream = gemm_fp8_stream (mma.sync; the runtime's path up to 8 rows)\n");
+  printf("%-14s %5s %5s %6s | %8s %5s | %8s %5s | %8s %5s | %6s\n", "linear", "M", "tile", "splits", "tc us", "%",
+         "lt us", "%", "stream us", "%", "lt/tc");
+  struct Shape {
+    const char* name;
+    int N, K;
+    bool bias;
+  };
+  const Shape dense[] = {{"q|k|v", 1792, H, true}, {"o_proj", H, I, false}, {"shared g|u", 2 * I, H, false},
+                         {"shared down", H, I, false}};
+  for (const Shape& sh : dense) {
+    const size_t wb = (size_t)sh.N * sh.K;
+    const int copies = (int)std::max<size_t>(2, (200u << 20) / wb + 1);
+    Dev<uint8_t> W(wb * copies);
+    Dev<float> wsc((size_t)sh.N * copies), bias(sh.N);
+    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
+    CK(cudaGetLastError());
+    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
+    bias.zero();
+    for (int M : {16, 32, 64, 128, 256}) {
+      StreamGemmArgs a;
+      a.X = X.p;
+      a.x_scale = xs.p;
+      a.bias = sh.bias ? bias.p : nullptr;
+      a.M = M;
+      a.N = sh.N;
+      a.K = sh.K;
+      a.Y = Y.p;
+      a.ldy = sh.N;
+      a.max_rows_per_group = M;
+      auto at = [&](int i) {
+        const int cp = i % copies;
+        a.W = W.p + (size_t)cp * wb;
+        a.w_scale = wsc.p + (size_t)cp * sh.N;
+      };
+      const float tc = graph_us([&](int i, cudaStream_t s) {
+        at(i);
+        CK(gemm_fp8_stream_tc(a, wsp.view(), StreamTcTuning{}, s));
+      });
+      const float lt_us = graph_us([&](int i, cudaStream_t s) {
+        at(i);
+        if (!sh.bias) {
+          bool unsupported = false;
+          CKS(lt_gemm_fp8_scaled(lt, a.W, a.X, a.Y, M, sh.N, sh.K, a.x_scale, a.w_scale, nullptr, &unsupported, s));
+          if (!unsupported) return;
+        }
+        CKS(lt_gemm_fp8(lt, a.W, a.X, tmp.p, M, sh.N, sh.K, s));
+        CK(gemm_fp8_epilogue(tmp.p, 1, M, sh.N, a.x_scale, a.w_scale, a.bias, a.Y, sh.N, s));
+      });
+      float st_us = NAN;
+      if (M <= 64) {
+        st_us = graph_us([&](int i, cudaStream_t s) {
+          at(i);
+          CK(gemm_fp8_stream(a, s));
+        });
+      }
+      const int tile = gemm_fp8_stream_tc_token_tile(a);
+      const double gb = (double)wb;
+      if (g_sweep) {
+        for (int sp : {1, 2, 3, 4, 6, 8, 10, 12, 16}) {
+          StreamTcTuning tu;
+          tu.splits = sp;
+          const float us = graph_us([&](int i, cudaStream_t s) {
+            at(i);
+            CK(gemm_fp8_stream_tc(a, wsp.view(), tu, s));
+          });
+          printf("  sweep %-14s M %4d splits %2d: %8.2f us %4.0f%%\n", sh.name, M, sp, us, 100 * gb / (us * 1e-6) / kHbm);
+        }
+      }
+      printf("%-14s %5d %5d %6s | %8.2f %4.0f%% | %8.2f %4.0f%% | %8.2f %4.0f%% | %5.2fx\n", sh.name, M, tile, "auto",
+             tc, 100 * gb / (tc * 1e-6) / kHbm, lt_us, 100 * gb / (lt_us * 1e-6) / kHbm, st_us,
+             std::isnan(st_us) ? 0.0 : 100 * gb / (st_us * 1e-6) / kHbm, lt_us / tc);
+      fflush(stdout);
+    }
+  }
+  printf("\nrouted experts: %d x [N, K], T tokens at top-1 (multinomial); us per call; %% on the weights of the experts hit\n", E);
+  printf("%-14s %5s %5s | %8s %5s | %9s %5s | %6s\n", "gemm", "T", "hit", "tc us", "%", "stream us", "%",
+         "st/tc");
+  const Shape moe[] = {{"experts g|u", 2 * I, H, false}, {"experts down", H, I, false}};
+  for (const Shape& sh : moe) {
+    const size_t wb = (size_t)E * sh.N * sh.K;
+    const int copies = (int)std::max<size_t>(2, (200u << 20) / wb + 1);
+    Dev<uint8_t> W(wb * copies);
+    Dev<float> wsc((size_t)E * sh.N * copies);
+    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
+    CK(cudaGetLastError());
+    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
+    for (int T : {16, 64, 128, 256}) {
+      std::vector<int> cnt(E, 0);
+      for (int r = 0; r < T; ++r) ++cnt[randi(0, E - 1)];
+      std::vector<int> off(E + 1, 0);
+      int hit = 0;
+      for (int e = 0; e < E; ++e) {
+        off[e + 1] = off[e] + cnt[e];
+        hit += cnt[e] > 0;
+      }
+      std::vector<int> rows(T);
+      std::iota(rows.begin(), rows.end(), 0);
+      std::shuffle(rows.begin(), rows.end(), rng);
+      Dev<int> doff(off), drows(rows);
+      StreamGemmArgs a;
+      a.X = X.p;
+      a.x_scale = xs.p;
+      a.x_rows = drows.p;
+      a.group_offsets = doff.p;
+      a.groups = E;
+      a.M = T;
+      a.N = sh.N;
+      a.K = sh.K;
+      a.Y = Y.p;
+      a.ldy = sh.N;
+      // As the runtime passes them (step.cu, mlp_block).
+      a.max_rows_per_group = T;
+      a.max_active_groups = std::min(E, T);
+      a.typical_rows_per_group = std::max((T + E - 1) / E, T > 8 ? 9 : 1);
+      auto at = [&](int i) {
+        const int cp = i % copies;
+        a.W = W.p + (size_t)cp * wb;
+        a.w_scale = wsc.p + (size_t)cp * E * sh.N;
+      };
+      StreamGemmArgs tca = a;
+      tca.typical_rows_per_group = (T + E - 1) / E;
+      const float tc = graph_us([&](int i, cudaStream_t s) {
+        at(i);
+        tca.W = a.W;
+        tca.w_scale = a.w_scale;
+        CK(gemm_fp8_stream_tc(tca, wsp.view(), StreamTcTuning{}, s));
+      });
+      const float st_us = graph_us([&](int i, cudaStream_t s) {
+        at(i);
+        CK(gemm_fp8_stream(a, s));
+      });
+      const double gb = (double)hit * sh.N * sh.K;
+      if (g_sweep) {
+        for (int nt : {16, 32})
+          for (int sp : {1, 2, 3, 4, 6}) {
+            StreamTcTuning tu;
+            tu.token_tile = nt;
+            tu.splits = sp;
+            const float us = graph_us([&](int i, cudaStream_t s) {
+              at(i);
+              tca.W = a.W;
+              tca.w_scale = a.w_scale;
+              CK(gemm_fp8_stream_tc(tca, wsp.view(), tu, s));
+            });
+            printf("  sweep %-14s T %4d tile %3d splits %2d: %8.2f us %4.0f%%\n", sh.name, T, nt, sp, us,
+                   100 * gb / (us * 1e-6) / kHbm);
+          }
+      }
+      printf("%-14s %5d %5d | %8.2f %4.0f%% | %9.2f %4.0f%% | %5.2fx\n", sh.name, T, hit, tc,
+             100 * gb / (tc * 1e-6) / kHbm, st_us, 100 * gb / (st_us * 1e-6) / kHbm, st_us / tc);
+      fflush(stdout);
+    }
+  }
+}
+
+int main(int argc, char** argv) {
+  uint64_t seed = 1;
+  bool do_bench = false, only_bench = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 10);
+    else if (!strcmp(argv[i], "--bench")) do_bench = true;
+    else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
+    else if (!strcmp(argv[i], "--sweep")) do_bench = only_bench = g_sweep = true;
+    else {
+      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep]\n");
+      return 2;
+    }
+  }
+  rng.seed(seed);
+  init_fp8();
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  g_major = prop.major;
+  printf("stream_tc_check: %s (sm_%d%d), seed %llu\n", prop.name, prop.major, prop.minor,
+         (unsigned long long)seed);
+  if (!only_bench) {
+    check_all();
+    check_invalid();
+  }
+  if (do_bench && g_major == 9) {
+    LtGemm lt;
+    if (cublasLtCreate(&lt.handle) != CUBLAS_STATUS_SUCCESS) {
+      fprintf(stderr, "cublasLtCreate failed\n");
+      return 1;
+    }
+    lt.workspace_bytes = 32u << 20;
+    CK(cudaMalloc(&lt.workspace, lt.workspace_bytes));
+    bench(lt);
+    cublasLtDestroy(lt.handle);
+    CK(cudaFree(lt.workspace));
+  }
+  const int fails = failed_checks();
+  if (!only_bench) print_summary("stream_tc_check", fails);
+  return fails ? 1 : 0;
+}
