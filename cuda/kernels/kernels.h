@@ -69,6 +69,12 @@ struct QkRopeArgs {
   void* k_cache = nullptr;  // BF16, or FP32 when kv_f32
   void* v_cache = nullptr;
   int kv_f32 = 0;
+  // qkv as a cuBLASLt FP8 GEMM left it, unscaled: with x_scale set, every value
+  // is first taken to qkv[t][n] * x_scale[t] * w_scale[n] (+ bias[n]), what
+  // gemm_fp8_epilogue would have written (one kernel fewer per layer).
+  const float* x_scale = nullptr;
+  const float* w_scale = nullptr;
+  const float* bias = nullptr;
 };
 cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st);
 

@@ -183,9 +183,21 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
   __syncthreads();
   const int blk = slot / a.block_size, off = slot % a.block_size;
   const int q4 = half / 4;  // lane distance between a dim and its RoPE partner
+  const float xs_t = a.x_scale ? a.x_scale[t] : 1.f;
   for (int hd = warp; hd < n_heads; hd += nwarps) {
     float4 v = v_next;
     if (hd + nwarps < n_heads) v_next = reinterpret_cast<const float4*>(row + (hd + nwarps) * 128)[lane];
+    if (a.x_scale) {  // the GEMM's epilogue, as gemm_fp8_epilogue computes it
+      const int n = hd * 128 + lane * 4;
+      float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float y = e[i] * xs_t * a.w_scale[n + i];
+        if (a.bias) y += a.bias[n + i];
+        e[i] = y;
+      }
+      v = make_float4(e[0], e[1], e[2], e[3]);
+    }
     const bool is_q = hd < a.n_q_heads;
     const bool is_k = !is_q && hd < a.n_q_heads + a.n_kv_heads;
     if (is_q || is_k) {

@@ -393,9 +393,13 @@ constexpr int kGroupedTcMinRows = 32;
 
 // Xf set: exactness-check path (FP32 activations).
 // P: the rows the launch shape is chosen for (Meta::policy_rows, >= M).
+// epilogue_deferred: when set and the cuBLASLt path would follow its GEMM with
+// gemm_fp8_epilogue (a bias), Y is left unscaled and *epilogue_deferred set:
+// the next kernel applies the scales and the bias as it reads Y.
 int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N, int K,
            const uint8_t* X, const float* xs, const float* Xf, int M, int P, float* Y, int layer,
-           const char* what, bool pdl = false) {
+           const char* what, bool pdl = false, bool* epilogue_deferred = nullptr) {
+  if (epilogue_deferred) *epilogue_deferred = false;
   if (Xf) {
     glmk::StreamGemmArgs a;
     a.W = W;
@@ -458,6 +462,10 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   if (!err.empty())
     return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d %s (M=%d N=%d K=%d): %s", r.device, layer, what, M,
                 N, K, err.c_str());
+  if (epilogue_deferred) {
+    *epilogue_deferred = true;
+    return GLMRT_OK;
+  }
   KCHECK(glmk::gemm_fp8_epilogue(Y, 1, M, N, xs, ws, bias, Y, N, r.stream),
          "layer %d %s: gemm_fp8_epilogue", layer, what);
   return GLMRT_OK;
@@ -484,8 +492,12 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   }
   KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: input add_rmsnorm", l);
   PROF(GLMRT_PROF_NORM);
+  // Past the streaming kernel's rows, q|k|v (which has a bias) comes from
+  // cuBLASLt unscaled and the rope kernel applies its epilogue (H200, 2k-token
+  // prefill: the epilogue kernel took 16 us per layer, 3.4 us at batch 64).
+  bool qkv_raw = false;
   GLMRT_TRY(linear(r, L.qkv, L.qkv_scale, L.qkv_bias, d.qkv_rows, d.H, r.xq, r.xs,
-                   e.exact ? r.xf : nullptr, T, m.policy_rows, r.qkv, l, "q|k|v", !e.prof.on));
+                   e.exact ? r.xf : nullptr, T, m.policy_rows, r.qkv, l, "q|k|v", !e.prof.on, &qkv_raw));
   PROF(GLMRT_PROF_QKV);
   glmk::QkRopeArgs q;
   q.qkv = r.qkv;
@@ -505,6 +517,11 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   q.k_cache = L.k_cache;
   q.v_cache = L.v_cache;
   q.kv_f32 = e.f32kv;
+  if (qkv_raw) {
+    q.x_scale = r.xs;
+    q.w_scale = L.qkv_scale;
+    q.bias = L.qkv_bias;
+  }
   KCHECK(glmk::qk_norm_rope_kv_write(q, r.stream), "layer %d: qk_norm_rope_kv_write", l);
   PROF(GLMRT_PROF_ROPE_KV);
   const float scale = 1.0f / sqrtf((float)d.D);

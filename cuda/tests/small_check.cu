@@ -755,6 +755,58 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
                                      bad_c),
                bad_c + (written != (size_t)n_valid * NKV * D));
   report("qk_rope q vs f64", fmt("T=%d %dq/%dkv, pos up to 202751", T, NH, NKV), rel_err(oq, rq), 2e-6);
+
+  // The GEMM's epilogue folded in (x_scale / w_scale / bias set, qkv unscaled)
+  // against gemm_fp8_epilogue followed by the plain kernel: same q and cache.
+  {
+    std::vector<float> xs(T), ws(W), bias(W);
+    for (auto& v : xs) v = randu(0.5f, 2.f) / 448.f;
+    for (auto& v : ws) v = randu(0.5f, 2.f) / 448.f;
+    for (auto& v : bias) v = randn() * 0.1f;
+    std::vector<float> raw(qkv.size());
+    for (size_t i = 0; i < raw.size(); ++i) raw[i] = qkv[i] * 448.f * 448.f / 2.f;
+    Dev<float> draw(raw), dscaled(raw.size()), dxs(xs), dws(ws), dbias(bias);
+    CK(gemm_fp8_epilogue(draw.p, 1, T, W, dxs.p, dws.p, dbias.p, dscaled.p, W, 0));
+    QkRopeArgs e1 = a, e2 = a;
+    e1.qkv = dscaled.p;
+    e1.q_out = pq.p;
+    e1.k_cache = pk.p;
+    e1.v_cache = pv.p;
+    e2.qkv = draw.p;
+    e2.x_scale = dxs.p;
+    e2.w_scale = dws.p;
+    e2.bias = dbias.p;
+    dq.poison();
+    pq.poison();
+    dk.poison();
+    pk.poison();
+    dv.poison();
+    pv.poison();
+    CK(qk_norm_rope_kv_write(e1, 0));
+    CK(qk_norm_rope_kv_write(e2, 0));
+    CK(cudaDeviceSynchronize());
+    auto as_f64 = [&](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+    auto cache_f64 = [&](const std::vector<uint16_t>& c) {
+      std::vector<double> out;
+      for (size_t i = 0; i < cache_n; ++i) {
+        if (f32) {
+          float f;
+          uint32_t b = (uint32_t)c[2 * i] | ((uint32_t)c[2 * i + 1] << 16);
+          memcpy(&f, &b, 4);
+          out.push_back(std::isnan(f) ? 0.0 : f);
+        } else {
+          const float f = bf16_val(c[i]);
+          out.push_back(std::isnan(f) ? 0.0 : f);
+        }
+      }
+      return out;
+    };
+    const double eq = rel_err(as_f64(dq.down()), as_f64(pq.down()));
+    const double ek = rel_err(cache_f64(dk.down()), cache_f64(pk.down()));
+    const double ev = rel_err(cache_f64(dv.down()), cache_f64(pv.down()));
+    report("qk_rope folded epilogue", fmt("T=%d %dq/%dkv %s: q, k cache, v cache vs epilogue kernel", T, NH, NKV, dt),
+           std::max(eq, std::max(ek, ev)), f32 ? 1e-6 : 4e-3);
+  }
 }
 
 // ------------------------------------------------------------ router
