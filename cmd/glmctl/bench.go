@@ -34,6 +34,8 @@ under uniform routing, plus the KV cache at the mean context) divided by the mem
 (e.g. testdata/glm-4.7-fp8, config only) would have at the same batch and context: a projection,
 not a measurement. --synthetic glm-4.7 --rank 0/8 runs exactly one rank's share of the real
 model on synthetic weights generated at load (no checkpoint; docs/synthetic.md).
+With --backend cuda each run also samples its GPUs through NVML (peak memory used, mean
+utilisation, mean/peak power, max temperature, SM clock); without NVML the report says why.
 
 With --url, bench is instead a load generator for any OpenAI-compatible server (glmctl serve,
 vLLM, SGLang, llama-server): streaming --endpoint requests at each --concurrency or at a Poisson
@@ -298,8 +300,12 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		Projection: projection,
 		Workload:   w,
 	}}
+	gpus, closeGPUs, reason := a.benchGPUs(ctx, info.Name, v.GetInt("device"), tp)
+	defer closeGPUs()
+	rep.Header.GPUTelemetryError = reason
 	var bar *progress.Bar
 	runs, err := bench.RunHooked(ctx, eng, w, bench.Hooks{
+		GPU:      gpus,
 		Profiler: prof,
 		RunStart: func(c, n int) { bar = a.progress(fmt.Sprintf("bench concurrency %d requests", c), int64(n), false) },
 		Request:  func() { bar.Add(1) },
@@ -339,5 +345,28 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	for _, l := range rep.ArrivalLines() {
 		fmt.Fprintln(a.out, l)
 	}
+	for _, l := range rep.GPULines() {
+		fmt.Fprintln(a.out, l)
+	}
 	return a.printRunProfiles(runs, bw)
+}
+
+// benchGPUs opens GPU telemetry for the runs: the GPUs of --device and --tp
+// on the cuda backend. Without it (another backend, NVML unavailable, the
+// GPUs not found) the sampler is nil and reason says why. close is never
+// nil.
+func (a *app) benchGPUs(ctx context.Context, backendName string, device, tp int) (gpus bench.GPUSampler, closeFn func(), reason string) {
+	if backendName != "cuda" {
+		return nil, func() {}, noGPUReason(backendName)
+	}
+	s := newGPUSampler()
+	closeFn = func() { a.closeGPUs(s) }
+	g := cudaGPUs(s, device, tp)
+	pctx, cancel := context.WithTimeout(ctx, gpuProbeTimeout)
+	defer cancel()
+	if _, err := g.Sample(pctx); err != nil {
+		a.log.Info("GPU telemetry off for this bench", "reason", err.Error())
+		return nil, closeFn, err.Error()
+	}
+	return g, closeFn, ""
 }

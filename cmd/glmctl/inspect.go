@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -28,10 +30,15 @@ It works on a directory holding only config.json and the index (shards reported 
 
 When every shard is present it also reads the weight scales (finite and > 0), norms and
 biases (finite); --verify scans every byte of every tensor instead (NaN/Inf values,
-all-zero tensors), with a progress bar on stderr.`,
+all-zero tensors), with a progress bar on stderr.
+
+On a machine with NVIDIA GPUs (NVML) it also holds the plan against the free memory of
+the first --tp GPUs (in CUDA order, under CUDA_VISIBLE_DEVICES): one line per GPU, and a
+non-zero exit when one is short or fewer are present. Without a driver the check is
+skipped, saying why; --gpu-check=false skips it (a plan for another machine).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.runInspect(args[0])
+			return a.runInspect(cmd.Context(), args[0])
 		},
 	}
 	f := cmd.Flags()
@@ -43,10 +50,11 @@ all-zero tensors), with a progress bar on stderr.`,
 	f.String("kv-dtype", "bf16", "KV cache element type for the plan: bf16 or fp8")
 	f.Int("max-rows", 200, "most tensor rows to print (0 = all)")
 	f.Bool("verify", false, "scan every tensor's values (NaN/Inf, all-zero tensors), not only scales, norms and biases")
+	f.Bool("gpu-check", true, "hold the memory plan against the free memory of the first --tp GPUs present (NVML; skipped without a driver)")
 	return cmd
 }
 
-func (a *app) runInspect(dir string) error {
+func (a *app) runInspect(ctx context.Context, dir string) error {
 	v := a.v
 	opts := inspect.Options{TP: v.GetInt("tp"), EP: v.GetInt("ep"), KVTokens: v.GetInt64("kv-tokens")}
 	switch strings.ToLower(v.GetString("kv-dtype")) {
@@ -79,18 +87,40 @@ func (a *app) runInspect(dir string) error {
 	if err != nil {
 		return err
 	}
+	if v.GetBool("gpu-check") {
+		rep.GPUCheck = a.checkGPUs(ctx, rep)
+	}
 	if v.GetBool("json") {
 		enc := json.NewEncoder(a.out)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
 			return fmt.Errorf("write JSON report: %w", err)
 		}
-		return rep.Err()
+		return inspectErr(rep)
 	}
 	if err := printInspect(a.out, rep, v.GetInt("max-rows")); err != nil {
 		return err
 	}
-	return rep.Err()
+	return inspectErr(rep)
+}
+
+// checkGPUs holds the report's memory plan against the GPUs present, in
+// CUDA order.
+func (a *app) checkGPUs(ctx context.Context, rep *inspect.Report) *inspect.GPUCheck {
+	s := newGPUSampler()
+	defer a.closeGPUs(s)
+	ctx, cancel := context.WithTimeout(ctx, gpuProbeTimeout)
+	defer cancel()
+	return inspect.CheckGPUs(ctx, cudaGPUs(s, 0, 0), rep.Plan)
+}
+
+// inspectErr is the checkpoint's problems and the GPU check's shortfall.
+func inspectErr(rep *inspect.Report) error {
+	gpuErr := rep.GPUCheck.Err()
+	if gpuErr != nil {
+		gpuErr = fmt.Errorf("%w (--gpu-check=false to plan for another machine)", gpuErr)
+	}
+	return errors.Join(rep.Err(), gpuErr)
 }
 
 func printInspect(w io.Writer, r *inspect.Report, maxRows int) error {
@@ -175,6 +205,12 @@ func printInspect(w io.Writer, r *inspect.Report, maxRows int) error {
 		}
 	} else {
 		fmt.Fprintf(w, "\nMemory plan: %s\n", r.PlanError)
+	}
+	if r.GPUCheck != nil {
+		fmt.Fprintln(w)
+		for _, l := range r.GPUCheck.Lines() {
+			fmt.Fprintln(w, l)
+		}
 	}
 
 	if len(r.Warnings) > 0 {

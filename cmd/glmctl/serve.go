@@ -26,7 +26,8 @@ func (a *app) newServeCmd() *cobra.Command {
 		Short: "Serve the OpenAI-compatible API (and Anthropic's Messages API)",
 		Long: `serve loads a model directory on a backend and serves an OpenAI-compatible HTTP API:
 POST /v1/chat/completions and /v1/completions (streamed as server-sent events or not),
-GET /v1/models, /healthz (process up), /readyz (engine running) and /metrics (Prometheus),
+GET /v1/models, /healthz (process up), /readyz (engine running) and /metrics (Prometheus;
+with --backend cuda also per-GPU memory, utilisation, power, temperature and clocks via NVML),
 and vLLM's utility routes: GET /health (200 when ready, else 503), GET /version, POST /tokenize
 and POST /detokenize. Anthropic's Messages API is served too: POST /v1/messages (streamed or
 not, thinking and tool_use blocks) and POST /v1/messages/count_tokens.
@@ -136,6 +137,15 @@ func (a *app) runServe(ctx context.Context) error {
 	info := backend.Info()
 	log.Info("model loaded", "backend", info.Name, "device", info.Device, "vocab", info.VocabSize,
 		"kv_blocks", info.NumKVBlocks, "kv_block_size", info.KVBlockSize)
+	// /metrics samples the GPUs the backend runs on (glmctl_gpu_*).
+	var gpus server.GPUSampler
+	if info.Name == "cuda" {
+		s := newGPUSampler()
+		defer a.closeGPUs(s)
+		gpus = cudaGPUs(s, v.GetInt("device"), v.GetInt("tp"))
+	} else {
+		log.Info("GPU telemetry off: no glmctl_gpu_* metrics", "reason", noGPUReason(info.Name))
+	}
 
 	srv, err := server.New(server.Options{
 		Backend: backend,
@@ -158,6 +168,7 @@ func (a *app) runServe(ctx context.Context) error {
 		Logger:          log,
 		Version:         version,
 		Commit:          buildCommit(),
+		GPU:             gpus,
 	})
 	if err != nil {
 		return err

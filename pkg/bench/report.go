@@ -22,6 +22,9 @@ type Header struct {
 	Floor        *Basis   `json:"floor"`      // the run model's floor basis
 	Projection   *Basis   `json:"projection"` // nil without --project-model
 	Workload     Workload `json:"workload"`
+	// GPUTelemetryError says why the runs carry no GPU telemetry (the cpu
+	// backend, no NVIDIA driver); empty when they do.
+	GPUTelemetryError string `json:"gpu_telemetry_error,omitempty"`
 }
 
 // Basis is what a floor column rests on.
@@ -45,7 +48,21 @@ func (r *Report) Columns() []string {
 	if r.Header.Projection != nil {
 		cols = append(cols, "proj. floor TPOT ms", "proj. floor tok/s")
 	}
+	if r.hasGPU() {
+		cols = append(cols, gpuColumns()...)
+	}
 	return cols
+}
+
+// hasGPU reports whether any run carries GPU samples (the table then has
+// the GPU columns).
+func (r *Report) hasGPU() bool {
+	for _, run := range r.Runs {
+		if run.GPU != nil && run.GPU.Samples > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // TableRows formats one row per run, matching Columns.
@@ -74,6 +91,9 @@ func (r *Report) TableRows() [][]string {
 			} else {
 				row = append(row, "-", "-")
 			}
+		}
+		if r.hasGPU() {
+			row = append(row, gpuCells(run.GPU)...)
 		}
 		rows = append(rows, row)
 	}
@@ -143,6 +163,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	writeMDTable(&b, r.Columns(), r.TableRows())
 	for _, l := range r.ArrivalLines() {
 		b.WriteString("\n" + l + "\n")
+	}
+	for _, l := range r.GPULines() {
+		b.WriteString("\n" + mdEscape(l) + "\n")
 	}
 	var bandwidth float64
 	if r.Header.Floor != nil {

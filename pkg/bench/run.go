@@ -226,6 +226,8 @@ type RunResult struct {
 	Profile *ProfileReport `json:"profile,omitempty"`
 	// Arrival is the long prompt that arrived mid-run (Workload.ArrivalLen).
 	Arrival *ArrivalResult `json:"arrival,omitempty"`
+	// GPU is what the GPUs did during the measured part (Hooks.GPU).
+	GPU *GPUTelemetry `json:"gpu,omitempty"`
 }
 
 // ArrivalResult is what a long prompt arriving among decoding streams did.
@@ -274,6 +276,10 @@ type Hooks struct {
 	Request func()
 	// RunDone is called after each run.
 	RunDone func(RunResult)
+	// GPU, when set, is sampled over the measured part of every run, every
+	// GPUInterval (0 = DefaultGPUInterval), into RunResult.GPU.
+	GPU         GPUSampler
+	GPUInterval time.Duration
 }
 
 // RunHooked is Run with progress hooks and an optional profiler.
@@ -291,7 +297,7 @@ func RunHooked(ctx context.Context, eng *engine.Engine, w Workload, h Hooks) ([]
 		if h.RunStart != nil {
 			h.RunStart(c, w.requestsFor(c))
 		}
-		r, err := runOne(ctx, eng, w, c, uint64(i), h.Profiler, h.Request)
+		r, err := runOne(ctx, eng, w, c, uint64(i), h)
 		if err != nil {
 			return results, fmt.Errorf("run at concurrency %d: %w", c, err)
 		}
@@ -303,9 +309,10 @@ func RunHooked(ctx context.Context, eng *engine.Engine, w Workload, h Hooks) ([]
 	return results, nil
 }
 
-// runOne runs the warm-up and then the measured requests at concurrency c.
-// onReq, if not nil, is called after each measured request.
-func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex uint64, prof Profiler, onReq func()) (RunResult, error) {
+// runOne runs the warm-up and then the measured requests at concurrency c,
+// with h's profiler, GPU sampler and per-request hook.
+func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex uint64, h Hooks) (RunResult, error) {
+	prof, onReq := h.Profiler, h.Request
 	vocab := eng.Limits().VocabSize
 	rng := rand.New(rand.NewPCG(uint64(w.Seed), runIndex))
 	nWarm, nReq := w.warmupFor(c), w.requestsFor(c)
@@ -333,6 +340,10 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 			return RunResult{}, fmt.Errorf("start profile: %w", err)
 		}
 	}
+	var gpus *gpuWatch
+	if h.GPU != nil {
+		gpus = watchGPUs(h.GPU, h.GPUInterval)
+	}
 	before := eng.Stats()
 	start := time.Now()
 	var (
@@ -345,13 +356,17 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 	} else {
 		timings, err = drive(ctx, eng, w, c, measured, seedBase, nil, onReq)
 	}
+	after := eng.Stats()
+	var gpuTel *GPUTelemetry
+	if gpus != nil {
+		gpuTel = gpus.stop()
+	}
 	if err != nil {
 		if prof != nil {
 			_, _ = prof.StopProfile()
 		}
 		return RunResult{}, err
 	}
-	after := eng.Stats()
 	var profile *ProfileReport
 	if prof != nil {
 		p, err := prof.StopProfile()
@@ -373,6 +388,7 @@ func runOne(ctx context.Context, eng *engine.Engine, w Workload, c int, runIndex
 		Steps:             stepStats(before, after, wall),
 		MeanDecodeContext: float64(w.InputLen) + float64(w.OutputLen)/2,
 		Profile:           profile,
+		GPU:               gpuTel,
 	}
 	ttft := make([]float64, 0, len(timings))
 	tpot := make([]float64, 0, len(timings))

@@ -81,6 +81,9 @@ type Report struct {
 	ActiveParams int64             `json:"active_params_per_token"`
 	Plan         *model.MemoryPlan `json:"memory_plan,omitempty"`
 	PlanError    string            `json:"memory_plan_error,omitempty"`
+	// GPUCheck holds Plan against the GPUs present (CheckGPUs; set by the
+	// caller, nil when not run).
+	GPUCheck *GPUCheck `json:"gpu_check,omitempty"`
 	// Values says which tensor values were checked: "scales, norms and
 	// biases" (always, when every shard is present), "every tensor"
 	// (Verify), or "" (shards missing or the checkpoint does not bind).

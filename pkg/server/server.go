@@ -132,6 +132,11 @@ type Options struct {
 	// Version and Commit are what GET /version reports ("dev" when empty).
 	Version string
 	Commit  string
+	// GPU, when set, is sampled at each /metrics scrape for the
+	// glmctl_gpu_* gauges (metrics_gpu.go). nil, or a sampler whose first
+	// sample (in New) answers gpustat.ErrUnavailable, leaves them out, with
+	// one log line saying why. The caller keeps ownership (and closes it).
+	GPU GPUSampler
 }
 
 // Server serves the OpenAI-compatible API over one engine.
@@ -215,6 +220,9 @@ func New(opts Options) (*Server, error) {
 		created: time.Now().Unix(),
 	}
 	m.watchEngine(eng)
+	if opts.GPU != nil {
+		m.watchGPUs(opts.GPU, opts.Logger)
+	}
 	s.handler = s.routes()
 	return s, nil
 }
