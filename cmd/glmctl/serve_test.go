@@ -25,13 +25,14 @@ import (
 const tinyModel = "../../testdata/models/tiny-f32"
 
 // TestServe runs the real glmctl binary (`glmctl serve` on the tiny model,
-// CPU backend, loopback) and drives it with the official openai and
-// anthropic Python clients, a bounded load of 64 concurrent clients, and
-// SIGTERM.
+// CPU backend, loopback) and drives it with the official openai (chat,
+// completions and Responses APIs) and anthropic Python clients, a bounded
+// load of 64 concurrent clients, and SIGTERM.
 func TestServe(t *testing.T) {
 	bin := buildGlmctl(t)
 	t.Run("openai client", func(t *testing.T) { testServeOpenAIClient(t, bin) })
 	t.Run("anthropic client", func(t *testing.T) { testServeAnthropicClient(t, bin) })
+	t.Run("openai responses client", func(t *testing.T) { testServeResponsesClient(t, bin) })
 	t.Run("load", func(t *testing.T) { testServeLoad(t, bin) })
 	t.Run("SIGTERM drains", func(t *testing.T) { testServeShutdown(t, bin, 200, 20*time.Second, true) })
 	t.Run("SIGTERM cancels at the deadline", func(t *testing.T) { testServeShutdown(t, bin, 3000, 300*time.Millisecond, false) })
@@ -256,6 +257,52 @@ func testServeAnthropicClient(t *testing.T, bin string) {
 	}
 	if n < 40 {
 		t.Errorf("%d /v1/messages request log lines for the whole client run", n)
+	}
+}
+
+// testServeResponsesClient drives the OpenAI Responses API of the real
+// server with the official openai client
+// (scripts/openai_responses_client_test.py; pkg/server runs the same script
+// against its scripted backend, for the reasoning and function_call items a
+// random model cannot write).
+func testServeResponsesClient(t *testing.T, bin string) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 is not installed: this test runs the official openai client; install Python 3 and run the tests through `make test`, which puts the project's virtual environment (scripts/requirements-test.txt) first on PATH")
+	}
+	if out, err := exec.Command(py, "-c", "import openai").CombinedOutput(); err != nil {
+		t.Fatalf("the openai Python package is missing from %s: run the tests through `make test` (it installs scripts/requirements-test.txt into $GLMCTL_CACHE/venv and puts it first on PATH) (%v: %s)", py, err, out)
+	}
+	p := startServe(t, bin, []string{"GLMCTL_API_KEY=responses-key-789"}, "--served-model-name", "glm-tiny", "--kv-blocks", "256")
+	cmd := exec.Command(py, "../../scripts/openai_responses_client_test.py", "--base-url", p.url, "--api-key", "responses-key-789", "--model", "glm-tiny")
+	out, err := cmd.CombinedOutput()
+	t.Logf("openai client (Responses API):\n%s", out)
+	if err != nil {
+		t.Fatalf("openai Responses client test failed: %v\nserver log tail:\n%s", err, tail(p.output.String(), 3000))
+	}
+	if !strings.Contains(string(out), "9/9 checks passed") {
+		t.Errorf("not every check ran")
+	}
+	// One request line per call; generation requests that succeeded carry
+	// the token accounting.
+	n := 0
+	for _, m := range p.logLines(t) {
+		if m["msg"] != "request" || m["path"] != "/v1/responses" {
+			continue
+		}
+		n++
+		keys := []string{"request_id", "status"}
+		if m["status"] == float64(200) {
+			keys = append(keys, "stream", "prompt_tokens", "completion_tokens", "ttft_ms", "tokens_per_s", "finish_reason")
+		}
+		for _, k := range keys {
+			if _, ok := m[k]; !ok {
+				t.Fatalf("request log line lacks %s: %v", k, m)
+			}
+		}
+	}
+	if n < 35 {
+		t.Errorf("%d /v1/responses request log lines for the whole client run", n)
 	}
 }
 

@@ -20,6 +20,7 @@ const (
 	pathChat        = "/v1/chat/completions"
 	pathCompletions = "/v1/completions"
 	pathModels      = "/v1/models"
+	pathResponses   = "/v1/responses"
 )
 
 func (s *Server) routes() http.Handler {
@@ -28,6 +29,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("POST "+pathCompletions, s.instrument(pathCompletions, true, s.handleCompletions))
 	mux.Handle("POST "+pathMessages, s.instrument(pathMessages, true, s.handleMessages))
 	mux.Handle("POST "+pathCountTokens, s.instrument(pathCountTokens, true, s.handleCountTokens))
+	mux.Handle(pathResponses, s.instrument(pathResponses, true, s.handleResponses)) // every method: handleResponses answers 405 to all but POST
 	mux.Handle("GET "+pathModels, s.instrument(pathModels, true, s.handleModels))
 	mux.Handle("GET "+pathModels+"/{model...}", s.instrument(pathModels+"/{model}", true, s.handleModel))
 	mux.Handle("GET /healthz", s.instrument("/healthz", false, s.handleHealth))

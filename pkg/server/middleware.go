@@ -141,7 +141,7 @@ func (s *Server) logRequest(r *http.Request, ri *requestInfo, status int, api bo
 		slog.Int("status", status),
 		slog.Float64("duration_ms", ms(end.Sub(ri.start))),
 	}
-	if ri.path == pathChat || ri.path == pathCompletions || ri.path == pathMessages {
+	if ri.path == pathChat || ri.path == pathCompletions || ri.path == pathMessages || ri.path == pathResponses {
 		ttft, tps := 0.0, 0.0
 		if !ri.firstToken.IsZero() {
 			ttft = ms(ri.firstToken.Sub(ri.start))
