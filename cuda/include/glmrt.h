@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 3
+#define GLMRT_ABI_VERSION 4
 
 /* Status codes. */
 #define GLMRT_OK 0
@@ -181,7 +181,18 @@ typedef struct glmrt_result {
   float* logits;         /* [rows * vocab_size]: one row per want_logits seq, in seq order;
                             NULL allowed if none wants logits */
   int64_t logits_capacity; /* floats available at logits */
+  int32_t* sample_status;  /* [n_seqs], or NULL: GLMRT_SAMPLE_OK, or why this sequence could not be
+                              sampled (then tokens[s] = -1, logprobs[s] = NaN and the step still
+                              succeeds for the others); with NULL such a sequence fails the whole
+                              step with GLMRT_ERR_INVALID. Set for every seq (OK where sample == 0). */
 } glmrt_result;
+
+/* glmrt_result.sample_status values. */
+#define GLMRT_SAMPLE_OK 0
+#define GLMRT_SAMPLE_NONFINITE 1          /* a logit is NaN or +Inf */
+#define GLMRT_SAMPLE_ALL_NEG_INF 2        /* every logit is -Inf */
+#define GLMRT_SAMPLE_ALL_NEG_INF_PENALTY 3 /* every logit is -Inf after the penalties */
+#define GLMRT_SAMPLE_NONE_LEFT 4          /* top-k / top-p / min-p left no token */
 
 typedef struct glmrt_engine glmrt_engine;
 

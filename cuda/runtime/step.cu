@@ -1089,6 +1089,7 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
   for (int s = 0; s < b.n_seqs; ++s) {
     res.tokens[s] = -1;
     res.logprobs[s] = NAN;
+    if (res.sample_status) res.sample_status[s] = GLMRT_SAMPLE_OK;
   }
   static const char* status_text[] = {"ok", "a logit is NaN or +Inf", "every logit is -Inf",
                                       "every logit is -Inf after penalties",
@@ -1098,9 +1099,20 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
     const glmrt_seq& q = b.seqs[s];
     if (!q.sample) continue;
     const glmk::SampleOut& o = out_h[i];
-    if (o.status != 0)
-      return fail(GLMRT_ERR_INVALID, "seq %d: cannot sample: %s", s,
-                  (o.status > 0 && o.status < 5) ? status_text[o.status] : "unknown status");
+    if (o.status != 0) {
+      // This sequence alone: the caller ends it with an error, the others
+      // keep their tokens. Without the status array, the whole step fails.
+      if (!res.sample_status)
+        return fail(GLMRT_ERR_INVALID, "seq %d: cannot sample: %s", s,
+                    (o.status > 0 && o.status < 5) ? status_text[o.status] : "unknown status");
+      res.sample_status[s] = (o.status > 0 && o.status < 5) ? o.status : GLMRT_SAMPLE_NONFINITE;
+      if (res.top_ids)
+        for (int k = 0; k < res.top_stride; ++k) {
+          res.top_ids[(size_t)s * res.top_stride + k] = -1;
+          res.top_logprobs[(size_t)s * res.top_stride + k] = NAN;
+        }
+      continue;
+    }
     res.tokens[s] = o.token;
     res.logprobs[s] = o.logprob;
     const int n = q.sampling.n_top_logprobs;

@@ -106,7 +106,8 @@ class Result(C.Structure):
     _fields_ = [("tokens", C.POINTER(C.c_int32)), ("logprobs", C.POINTER(C.c_float)),
                 ("top_ids", C.POINTER(C.c_int32)), ("top_logprobs", C.POINTER(C.c_float)),
                 ("top_stride", C.c_int32), ("logits", C.POINTER(C.c_float)),
-                ("logits_capacity", C.c_int64)]
+                ("logits_capacity", C.c_int64),
+                ("sample_status", C.POINTER(C.c_int32))]  # NULL here: a sequence that cannot be sampled fails the step
 
 
 def i32(a):

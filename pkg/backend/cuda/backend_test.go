@@ -364,6 +364,41 @@ func TestStepErrors(t *testing.T) {
 	}
 }
 
+// TestStepNonFiniteOneSequence: a sequence the runtime cannot sample (its
+// logits NaN: the fake's seed 0x7FC00000) ends alone with an error wrapping
+// engine.ErrNonFiniteLogits; the others in the step keep their tokens, and
+// the next step runs.
+func TestStepNonFiniteOneSequence(t *testing.T) {
+	b := openFake(t, Options{KVBlockSize: 4, NumKVBlocks: 8})
+	const vocab = 1040
+	batch := &engine.StepBatch{Seqs: []engine.StepSeq{
+		{SeqID: 1, Tokens: []int32{5}, BlockTable: []int32{0}, Sample: true},
+		{SeqID: 2, Tokens: []int32{6}, BlockTable: []int32{1}, Sample: true, WantLogits: true,
+			Sampling: engine.SamplingParams{Seed: 0x7FC00000, HasSeed: true, TopLogprobs: 2}},
+		{SeqID: 3, Tokens: []int32{7}, BlockTable: []int32{2}, Sample: true},
+	}}
+	res, err := b.Step(context.Background(), batch)
+	if err != nil {
+		t.Fatalf("Step failed as a whole: %v", err)
+	}
+	if e := res[1].Err; !errors.Is(e, engine.ErrNonFiniteLogits) || !strings.Contains(e.Error(), "NaN") ||
+		!strings.Contains(e.Error(), "id 2") {
+		t.Errorf("seq 2: Err %v, want one naming the sequence and NaN, wrapping ErrNonFiniteLogits", e)
+	}
+	if res[1].TopLogprobs != nil || len(res[1].Logits) != vocab {
+		t.Errorf("seq 2: top %v, %d logits; want none and its logits row", res[1].TopLogprobs, len(res[1].Logits))
+	}
+	for _, i := range []int{0, 2} {
+		if r := res[i]; r.Err != nil || r.Token != int32(5+i) {
+			t.Errorf("seq %d: token %d err %v; want token %d and no error", r.SeqID, r.Token, r.Err, 5+i)
+		}
+	}
+	res, err = b.Step(context.Background(), &engine.StepBatch{Seqs: batch.Seqs[:1]})
+	if err != nil || res[0].Err != nil || res[0].Token != 5 {
+		t.Fatalf("next step: %+v, %v", res, err)
+	}
+}
+
 // TestStepFromManyGoroutines: whatever goroutine (and OS thread) calls Step,
 // the runtime must only ever see the engine's own thread (the fake refuses
 // calls from any other one).

@@ -60,6 +60,7 @@ type stepBuffers struct {
 	seqs, tokens, blockTables               cbuf
 	penTokens, penPrompt, penOutput         cbuf
 	outTokens, outLogprobs, topIDs, topLogp cbuf
+	outStatus                               cbuf
 	logits                                  cbuf
 
 	// Dense per-token counters for building each sequence's distinct-token
@@ -86,7 +87,7 @@ func (s *stepBuffers) free() {
 	C.free(unsafe.Pointer(s.result))
 	s.batch, s.result = nil, nil
 	for _, b := range []*cbuf{&s.seqs, &s.tokens, &s.blockTables, &s.penTokens, &s.penPrompt, &s.penOutput,
-		&s.outTokens, &s.outLogprobs, &s.topIDs, &s.topLogp, &s.logits} {
+		&s.outTokens, &s.outLogprobs, &s.topIDs, &s.topLogp, &s.outStatus, &s.logits} {
 		b.free()
 	}
 }
@@ -315,11 +316,14 @@ func (s *stepBuffers) resetCounts() {
 func (s *stepBuffers) sizeResult(n, topStride, logitRows, vocab int) error {
 	toks, err1 := cslice[C.int32_t](&s.outTokens, n)
 	lps, err2 := cslice[C.float](&s.outLogprobs, n)
-	if err := errors.Join(err1, err2); err != nil {
+	st, err3 := cslice[C.int32_t](&s.outStatus, n)
+	if err := errors.Join(err1, err2, err3); err != nil {
 		return err
 	}
 	r := s.result
-	*r = C.glmrt_result{tokens: &toks[0], logprobs: &lps[0], top_stride: C.int32_t(topStride)}
+	// With sample_status set, a sequence whose logits cannot be sampled
+	// (NaN / +Inf, all -Inf) fails alone; the others keep their tokens.
+	*r = C.glmrt_result{tokens: &toks[0], logprobs: &lps[0], top_stride: C.int32_t(topStride), sample_status: &st[0]}
 	if topStride > 0 {
 		ids, err1 := cslice[C.int32_t](&s.topIDs, n*topStride)
 		tlp, err2 := cslice[C.float](&s.topLogp, n*topStride)
@@ -344,13 +348,17 @@ func (s *stepBuffers) results(b *engine.StepBatch, vocab int) ([]engine.SeqResul
 	r := s.result
 	toks := unsafe.Slice((*C.int32_t)(s.outTokens.p), n)
 	lps := unsafe.Slice((*C.float)(s.outLogprobs.p), n)
+	status := unsafe.Slice((*C.int32_t)(s.outStatus.p), n)
 	stride := int(r.top_stride)
 	out := make([]engine.SeqResult, n)
 	row := 0
 	for i := range b.Seqs {
 		q := &b.Seqs[i]
 		res := engine.SeqResult{SeqID: q.SeqID}
-		if q.Sample {
+		if q.Sample && status[i] != C.GLMRT_SAMPLE_OK {
+			res.Err = fmt.Errorf("cuda step: seq %d (id %d): %s: %w", i, q.SeqID, sampleStatusText(int(status[i])),
+				engine.ErrNonFiniteLogits)
+		} else if q.Sample {
 			res.Token = int32(toks[i])
 			if res.Token < 0 || int(res.Token) >= vocab {
 				return nil, fmt.Errorf("glmrt_step: seq %d (id %d): sampled token %d outside the vocabulary [0, %d)", i, q.SeqID, res.Token, vocab)
@@ -376,4 +384,21 @@ func (s *stepBuffers) results(b *engine.StepBatch, vocab int) ([]engine.SeqResul
 		out[i] = res
 	}
 	return out, nil
+}
+
+// sampleStatusText says why the runtime could not sample a sequence
+// (glmrt_result.sample_status).
+func sampleStatusText(st int) string {
+	switch st {
+	case C.GLMRT_SAMPLE_NONFINITE:
+		return "a logit is NaN or +Inf"
+	case C.GLMRT_SAMPLE_ALL_NEG_INF:
+		return "every logit is -Inf"
+	case C.GLMRT_SAMPLE_ALL_NEG_INF_PENALTY:
+		return "every logit is -Inf after the penalties"
+	case C.GLMRT_SAMPLE_NONE_LEFT:
+		return "no token left to sample"
+	default:
+		return fmt.Sprintf("unknown sample status %d", st)
+	}
 }

@@ -4,10 +4,13 @@ package cuda
 
 import (
 	"context"
+	"errors"
 	"math"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/glmctl/glmctl/internal/ckptedit"
 	"github.com/glmctl/glmctl/pkg/backend/cpu"
 	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/golden"
@@ -70,6 +73,58 @@ func TestRealRuntime(t *testing.T) {
 			defer exact.Close()
 			seededSampling(t, exact, true)
 		})
+	}
+	t.Run("NaN token fails only its sequence", func(t *testing.T) { nanTokenFailsOnlyItsSequence(t, lib) })
+}
+
+// nanTokenFailsOnlyItsSequence: a NaN in one token's embedding row makes the
+// logits of a sequence holding that token NaN. On the GPU that sequence alone
+// ends with an error wrapping engine.ErrNonFiniteLogits (the runtime reports it
+// through glmrt_result.sample_status); a clean sequence in the same step gets
+// its token (at validation precision the same token as alone), nothing reads
+// out of bounds (the router never selects a NaN score), and the next step runs.
+func nanTokenFailsOnlyItsSequence(t *testing.T, lib string) {
+	dir := t.TempDir()
+	if err := ckptedit.Copy(dir, filepath.Join("../../../testdata/models", "tiny-f32")); err != nil {
+		t.Fatal(err)
+	}
+	const bad = 7
+	const hidden = 256 // tiny-f32 hidden_size: row `bad` of embed_tokens
+	elems := make([]int, hidden)
+	for i := range elems {
+		elems[i] = bad*hidden + i
+	}
+	if err := ckptedit.Set(dir, "model.embed_tokens.weight", elems, float32(math.NaN())); err != nil {
+		t.Fatal(err)
+	}
+	for _, exact := range []bool{false, true} {
+		b, err := Open(dir, Options{LibPath: lib, KVBlockSize: 16, NumKVBlocks: 64, MemoryBudget: 2 << 30, Exact: exact})
+		if err != nil {
+			t.Fatal(err)
+		}
+		good := engine.StepSeq{SeqID: 1, Tokens: []int32{1, 2, 3}, BlockTable: []int32{0}, Sample: true}
+		poisoned := engine.StepSeq{SeqID: 2, Tokens: []int32{1, bad, 3}, BlockTable: []int32{1}, Sample: true}
+		alone, err := b.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{good}})
+		if err != nil || alone[0].Err != nil {
+			t.Fatalf("exact=%v: clean sequence alone: %v, %v", exact, err, alone)
+		}
+		both, err := b.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{good, poisoned}})
+		if err != nil {
+			t.Fatalf("exact=%v: the step failed as a whole: %v", exact, err)
+		}
+		if both[0].Err != nil || both[0].Token < 0 || int(both[0].Token) >= b.Info().VocabSize ||
+			(exact && both[0].Token != alone[0].Token) {
+			t.Errorf("exact=%v: clean sequence: token %d err %v, alone %d", exact, both[0].Token, both[0].Err, alone[0].Token)
+		}
+		if !errors.Is(both[1].Err, engine.ErrNonFiniteLogits) {
+			t.Errorf("exact=%v: poisoned sequence: token %d err %v, want ErrNonFiniteLogits", exact, both[1].Token, both[1].Err)
+		} else {
+			t.Logf("exact=%v: poisoned sequence: %v", exact, both[1].Err)
+		}
+		if res, err := b.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{good}}); err != nil || res[0].Err != nil {
+			t.Errorf("exact=%v: next step: %v, %v", exact, err, res)
+		}
+		b.Close()
 	}
 }
 

@@ -147,7 +147,9 @@ int glmrt_finalize(glmrt_engine *e) {
  *   logprob = 1000*sum(prompt counts) + sum(output counts) of its penalty range, or -0.5 without one
  *   top k   = ids (token+k) % vocab, logprobs -k - temperature; -1 past n_top_logprobs
  *   logits  = row r (r-th want_logits seq): logits[v] = v + 1000*i + start_pos
- * A seed of 0xBAD is refused with GLMRT_ERR_INVALID (error path test). */
+ * A seed of 0xBAD is refused with GLMRT_ERR_INVALID (error path test); a seed
+ * of 0x7FC00000 makes that sequence's logits "NaN": sample_status
+ * GLMRT_SAMPLE_NONFINITE, or the whole step refused without a status array. */
 int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
   int rc = same_thread(e);
   if (rc) return rc;
@@ -199,6 +201,15 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
       const glmrt_sampling *p = &s->sampling;
       if (p->seed == 0xBAD) return fail(GLMRT_ERR_INVALID, "fake: seed 0xBAD refused for seq %d", i);
       if (p->n_top_logprobs > r->top_stride) return fail(GLMRT_ERR_INVALID, "fake: seq %d: top_stride", i);
+      if (p->seed == 0x7FC00000u) {  /* this sequence's logits are NaN, as the real sampler reports it */
+        if (!r->sample_status) return fail(GLMRT_ERR_INVALID, "fake: seq %d: cannot sample: a logit is NaN or +Inf", i);
+        r->sample_status[i] = GLMRT_SAMPLE_NONFINITE;
+        r->tokens[i] = -1;
+        r->logprobs[i] = NAN;
+        for (int k = 0; k < r->top_stride; k++) r->top_ids[i * r->top_stride + k] = -1;
+        goto logits;
+      }
+      if (r->sample_status) r->sample_status[i] = GLMRT_SAMPLE_OK;
       int t = (int)((sum + s->start_pos + 7LL * s->penalty_len + p->sample_index) % vocab);
       r->tokens[i] = t;
       r->logprobs[i] = s->penalty_len ? (float)(1000 * psum + osum) : -0.5f;
@@ -209,8 +220,10 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
     } else {
       r->tokens[i] = -1;
       r->logprobs[i] = NAN;
+      if (r->sample_status) r->sample_status[i] = GLMRT_SAMPLE_OK;
       for (int k = 0; k < r->top_stride; k++) r->top_ids[i * r->top_stride + k] = -1;
     }
+  logits:
     if (s->want_logits) {
       if ((int64_t)(row + 1) * vocab > r->logits_capacity) return fail(GLMRT_ERR_INVALID, "fake: logits capacity");
       for (int v = 0; v < vocab; v++) r->logits[(int64_t)row * vocab + v] = (float)(v + 1000 * i + s->start_pos);
