@@ -333,6 +333,9 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		default:
 			e.stats.StepErrors++
 		}
+		e.stats.FailedStepsInARow++
+		e.stats.LastStepError = err.Error()
+		e.stats.LastStepErrorAt = time.Now()
 		ids, labels := stepIDs(sched)
 		e.log.Error("backend step failed: failing its requests", "fatal", fatal, "seqs", len(sched),
 			"tokens", batch.NumTokens(), "request_ids", ids, "labels", labels, "err", err)
@@ -348,6 +351,7 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		}
 		return nil
 	}
+	e.stats.FailedStepsInARow = 0
 	for i, sc := range sched {
 		if rerr := results[i].Err; rerr != nil {
 			e.failSeq(sc.seq, rerr)

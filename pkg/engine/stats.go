@@ -36,6 +36,12 @@ type Stats struct {
 	StepPanics      uint64
 	FatalErrors     uint64
 	NonFiniteLogits uint64
+	// FailedStepsInARow counts the steps that failed (an error or a panic)
+	// since the last one that succeeded; LastStepError and LastStepErrorAt
+	// describe the latest failure (kept after a success).
+	FailedStepsInARow int
+	LastStepError     string
+	LastStepErrorAt   time.Time
 
 	Steps          uint64
 	StepTime       time.Duration // total time inside Backend.Step

@@ -260,3 +260,62 @@ func checkServerGoroutines(t *testing.T, before int) {
 		t.Errorf("%d goroutines, %d before: leak\n%s", n, before, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// Steps that keep failing make /readyz fail (each one failing only its own
+// requests), naming the latest error; a step that succeeds makes the server
+// ready again at once, and with no traffic so does the cooldown. A single
+// failing step does not (TestFaultServerKeepsServing).
+func TestFaultServerFailingStepsNotReady(t *testing.T) {
+	start := func(t *testing.T, cooldown time.Duration, faults ...faultinject.Fault) *testServer {
+		return startServer(t, func(o *Options, b *scriptBackend) {
+			o.Backend = faultinject.Wrap(o.Backend, faults...)
+			o.MaxFailedSteps = 3
+			o.FailedStepsCooldown = cooldown
+		})
+	}
+	failOne := func(t *testing.T, ts *testServer, i int) {
+		t.Helper()
+		if code, _, body := ts.post(t, "/v1/completions", fmt.Sprintf(`{"prompt":"r%d","max_tokens":2}`, i)); code != http.StatusInternalServerError {
+			t.Fatalf("request %d: %d %s, want a 500 from the injected fault", i, code, body)
+		}
+	}
+	notReady := func(t *testing.T, ts *testServer) {
+		t.Helper()
+		for _, path := range []string{"/readyz", "/health"} {
+			code, body := ts.get(t, path)
+			if code != http.StatusServiceUnavailable || !strings.Contains(string(body), "the last 3 engine steps failed") ||
+				!strings.Contains(string(body), "injected fault") {
+				t.Errorf("%s after 3 failed steps: %d %q", path, code, body)
+			}
+		}
+	}
+	t.Run("a successful step clears it", func(t *testing.T) {
+		ts := start(t, time.Hour, faultinject.Fault{Kind: faultinject.Fail, Step: 1},
+			faultinject.Fault{Kind: faultinject.Fail, Step: 2}, faultinject.Fault{Kind: faultinject.Fail, Step: 3})
+		for i := range 2 {
+			failOne(t, ts, i)
+		}
+		if code, body := ts.get(t, "/readyz"); code != http.StatusOK {
+			t.Errorf("/readyz after 2 failed steps: %d %s", code, body)
+		}
+		failOne(t, ts, 2)
+		notReady(t, ts)
+		if code, _, body := ts.post(t, "/v1/completions", `{"prompt":"after","max_tokens":2}`); code != http.StatusOK {
+			t.Fatalf("request after the faults: %d %s", code, body)
+		}
+		if code, body := ts.get(t, "/readyz"); code != http.StatusOK {
+			t.Errorf("/readyz after a successful step: %d %s", code, body)
+		}
+	})
+	t.Run("the cooldown clears it", func(t *testing.T) {
+		ts := start(t, 300*time.Millisecond, faultinject.Fault{Kind: faultinject.Fail, Step: 1, Every: 1})
+		for i := range 3 {
+			failOne(t, ts, i)
+		}
+		notReady(t, ts)
+		waitFor(t, "/readyz after the cooldown", 5*time.Second, func() bool {
+			code, _ := ts.get(t, "/readyz")
+			return code == http.StatusOK
+		})
+	})
+}

@@ -81,6 +81,8 @@ const (
 	DefaultShutdownTimeout     = 30 * time.Second
 	DefaultRetryAfter          = time.Second
 	DefaultStallTimeout        = 2 * time.Minute
+	DefaultMaxFailedSteps      = 3
+	DefaultFailedStepsCooldown = 30 * time.Second
 	DefaultCompletionMaxTokens = 16 // OpenAI's default for /v1/completions
 	DefaultMaxQueue            = 256
 	defaultReadHeaderTimeout   = 10 * time.Second
@@ -126,6 +128,15 @@ type Options struct {
 	// StallTimeout: /readyz fails when requests are pending and the engine
 	// has not finished a step for this long. 0 = DefaultStallTimeout.
 	StallTimeout time.Duration
+	// MaxFailedSteps: /readyz (and /health) fail once this many engine steps
+	// in a row have failed (a backend error or panic, each failing its own
+	// requests), until FailedStepsCooldown after the latest failure or the
+	// next step that succeeds. The cooldown lets a load balancer send
+	// traffic again later: without requests no step runs, so none could
+	// succeed. 0 = DefaultMaxFailedSteps; negative = never.
+	MaxFailedSteps int
+	// FailedStepsCooldown: 0 = DefaultFailedStepsCooldown.
+	FailedStepsCooldown time.Duration
 	// Logger receives the per-request lines and lifecycle logs. nil =
 	// slog.Default().
 	Logger *slog.Logger
@@ -169,8 +180,14 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("server: max body bytes %d must be >= 0", opts.MaxBodyBytes)
 	case opts.CompletionMaxTokens < 0:
 		return nil, fmt.Errorf("server: completion max tokens %d must be >= 0", opts.CompletionMaxTokens)
-	case opts.ShutdownTimeout < 0 || opts.RetryAfter < 0 || opts.StallTimeout < 0:
+	case opts.ShutdownTimeout < 0 || opts.RetryAfter < 0 || opts.StallTimeout < 0 || opts.FailedStepsCooldown < 0:
 		return nil, errors.New("server: timeouts must be >= 0")
+	}
+	if opts.MaxFailedSteps == 0 {
+		opts.MaxFailedSteps = DefaultMaxFailedSteps
+	}
+	if opts.FailedStepsCooldown == 0 {
+		opts.FailedStepsCooldown = DefaultFailedStepsCooldown
 	}
 	if opts.MaxBodyBytes == 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes

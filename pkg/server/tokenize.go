@@ -34,7 +34,22 @@ func (s *Server) notReady() string {
 	case s.progress.stalled(time.Now(), s.opts.StallTimeout):
 		return fmt.Sprintf("engine has made no progress for over %s", s.opts.StallTimeout)
 	}
-	return ""
+	return s.failingSteps(time.Now())
+}
+
+// failingSteps is the reason for not being ready when the engine's last
+// MaxFailedSteps steps failed and the latest failure is within the cooldown
+// ("" otherwise).
+func (s *Server) failingSteps(now time.Time) string {
+	if s.opts.MaxFailedSteps < 0 {
+		return ""
+	}
+	st := s.eng.Stats()
+	if st.FailedStepsInARow < s.opts.MaxFailedSteps || now.Sub(st.LastStepErrorAt) >= s.opts.FailedStepsCooldown {
+		return ""
+	}
+	return fmt.Sprintf("the last %d engine steps failed (latest %s ago: %s)", st.FailedStepsInARow,
+		now.Sub(st.LastStepErrorAt).Round(time.Millisecond), st.LastStepError)
 }
 
 // handleVLLMHealth is vLLM's /health: 200 with an empty body when ready,
