@@ -3,7 +3,7 @@
 # Included from the top-level Makefile.
 #   make link-check   build glmctl once without go-nvml (-tags nonvml): go-nvml adds
 #                     -Wl,--unresolved-symbols=ignore-in-object-files to the whole link
-#                     (go-notes.md §3), so only this build turns a missing C symbol
+#                     (docs/backends.md), so only this build turns a missing C symbol
 #                     (e.g. a stale libtokenizers.a) into a link error instead of a
 #                     `symbol lookup error` at run time.
 #   make cuda-check   compile and link cuda/ for sm_90a with no GPU, using the pinned

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""glm_numpy_ref.py — an independent float64 numpy forward of GLM-4.7 (docs/glm47-spec.md §8)
+"""glm_numpy_ref.py — an independent float64 numpy forward of GLM-4.7 (docs/model.md §8)
 over a checkpoint in the real GLM-4.7-FP8 layout, with its own safetensors reader.
 
 make_golden.py uses it to cross-check transformers on every golden case;
@@ -94,7 +94,7 @@ def np_silu(x: np.ndarray) -> np.ndarray:
 
 
 def numpy_forward(cfg: dict, w: dict[str, np.ndarray], ids: list[int]) -> np.ndarray:
-    """float64 forward of glm47-spec.md §8 on the raw checkpoint names; returns last logits."""
+    """float64 forward of docs/model.md §8 on the raw checkpoint names; returns last logits."""
     H, NH, NKV, D = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps = cfg["rms_norm_eps"]
     rot = int(D * cfg["partial_rotary_factor"])

@@ -22,7 +22,7 @@ margins or routing decisions are fragile under float32 reordering or FP8
 activation noise is redrawn (MIN_GREEDY_MARGIN, FP8_MARGIN_THRESHOLD,
 FP8_SAFE_MARGIN, MIN_ROUTING_GAP below; docs/golden.md).
 
-Before writing, an independent float64 numpy forward (glm47-spec.md §8) that
+Before writing, an independent float64 numpy forward (docs/model.md §8) that
 reads the safetensors files with its own parser must agree with transformers
 on every case's last logits; this guards against a mis-mapped weight.
 """

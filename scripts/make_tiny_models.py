@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write the project's two tiny checkpoints in exactly the GLM-4.7-FP8 layout.
 
-The layout follows docs glm47-spec.md §1-§2: a compressed-tensors FP8_DYNAMIC
+The layout follows docs/model.md §1-§2: a compressed-tensors FP8_DYNAMIC
 config, per-output-row FP8 E4M3 weights with `weight_scale [out, 1]`, BF16
 norms/biases/embeddings/lm_head, a BF16 router with an F32
 `e_score_correction_bias`, q/k norms, per-expert tensor names, and one MTP
@@ -42,7 +42,7 @@ except ImportError as exc:  # pragma: no cover - environment problem
 
 FP8_MAX = 448.0
 
-# GLM-4.7 special tokens in id order (glm47-spec.md §5.1: 151329..151364).
+# GLM-4.7 special tokens in id order (docs/model.md §5.1: 151329..151364).
 # The tiny tokenizer puts them at 1000.. in the same order; when
 # tokenizer.json is present its added_tokens table is used instead.
 GLM_SPECIAL_TOKENS = [
@@ -553,7 +553,7 @@ def make_config(spec: TinySpec, specials: dict[str, int]) -> dict:
     moe_layers = range(spec.first_k_dense_replace, spec.num_hidden_layers + 1)
     ignore = ["lm_head"] + [f"model.layers.{L}.mlp.gate" for L in moe_layers]
     ignore.append(f"model.layers.{spec.num_hidden_layers}.eh_proj")
-    # Key order mirrors zai-org/GLM-4.7-FP8/config.json (glm47-spec.md §1.1).
+    # Key order mirrors zai-org/GLM-4.7-FP8/config.json (docs/model.md §1.1).
     return {
         "architectures": ["Glm4MoeForCausalLM"],
         "attention_bias": True,

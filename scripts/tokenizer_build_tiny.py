@@ -6,7 +6,7 @@ A byte-level BPE with exactly 1000 ordinary tokens, trained with Hugging Face
 digits), with GLM-4's pre-tokenizer (Split on the GLM-4 regex, then ByteLevel
 without its own regex) and the GLM special tokens as added tokens right after
 the ordinary vocabulary: ids 1000..1035, in the real table's order
-(glm47-spec.md §5.1), so `<|user|>` - `<|endoftext|>` and friends keep the same
+(docs/model.md §5.1), so `<|user|>` - `<|endoftext|>` and friends keep the same
 offsets as in the real 151329-based table.
 
 The tiny checkpoints (vocab_size 1040) copy this tokenizer. The output is

@@ -206,7 +206,7 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		}
 		source := fmt.Sprintf("%.3g B/s set by --project-hbm-bandwidth", bw)
 		if bw == bench.H200MeasuredBandwidth {
-			source = "H200 HBM read, measured 4.46 TB/s (gpu-machine.md)"
+			source = "H200 HBM read, measured 4.46 TB/s (docs/hardware.md §2)"
 		}
 		o := bench.FloorOptions{TP: v.GetInt("project-tp"), EP: v.GetInt("project-ep"), KVElemBytes: kvElem}
 		m, _, err := bench.LoadFloorModel(dir, o)

@@ -1,4 +1,4 @@
-// comm.h — NCCL collectives for tensor/expert parallelism (design.md §4): one
+// comm.h — NCCL collectives for tensor/expert parallelism (docs/cuda.md, Many GPUs): one
 // communicator per GPU, sum all-reduce of the partial sub-layer outputs, and
 // the all-gather of vocab-parallel logits. Written for any number of GPUs of
 // one process (ncclCommInitAll, one thread driving all ranks through NCCL

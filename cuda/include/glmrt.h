@@ -1,7 +1,7 @@
 /*
  * glmrt.h — the whole C ABI of libglmcuda.so, the CUDA runtime of glmctl.
  *
- * Contract (design.md §1, §2):
+ * Contract (docs/architecture.md, design rules and step contract):
  *   - Plain C, every symbol prefixed glmrt_. Check glmrt_abi_version() ==
  *     GLMRT_ABI_VERSION right after dlopen; any change to a struct or a
  *     signature below bumps GLMRT_ABI_VERSION.
@@ -48,7 +48,7 @@ extern "C" {
 #define GLMRT_DTYPE_F16 2
 #define GLMRT_DTYPE_F8_E4M3 3
 
-/* The model: the config.json fields of Glm4MoeForCausalLM (glm47-spec.md §1).
+/* The model: the config.json fields of Glm4MoeForCausalLM (docs/model.md §1).
  * Every field is required; there are no defaults. */
 typedef struct glmrt_model_config {
   int32_t hidden_size;             /* 5120 */
@@ -152,7 +152,7 @@ typedef struct glmrt_seq {
   glmrt_sampling sampling;    /* read only when sample == 1 */
 } glmrt_seq;
 
-/* The flat description of one step (design.md §2). */
+/* The flat description of one step (docs/architecture.md, step contract). */
 typedef struct glmrt_batch {
   int32_t n_seqs;                    /* 1 .. max_seqs_per_step */
   int32_t n_tokens;                  /* sum of seqs[i].n_tokens, <= max_tokens_per_step */
@@ -210,7 +210,7 @@ int glmrt_engine_create(const glmrt_model_config* config, const glmrt_engine_opt
 
 int glmrt_get_info(const glmrt_engine* engine, glmrt_info* out);
 
-/* Hand over one checkpoint tensor by its checkpoint name (glm47-spec.md §2.2),
+/* Hand over one checkpoint tensor by its checkpoint name (docs/model.md §2.2),
  * e.g. "model.layers.3.mlp.experts.17.up_proj.weight". data points at nbytes
  * bytes of little-endian elements (an mmap of the shard is fine); they are
  * copied (and fused / sharded / converted) before the call returns. Unknown

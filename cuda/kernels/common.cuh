@@ -13,7 +13,7 @@
 namespace glmk {
 
 // Largest finite E4M3 value and the lower clamp of the per-token activation
-// scale (glm47-spec.md §4.3): s = max(amax / 448, 1 / (448 * 512)).
+// scale (docs/model.md §4.3): s = max(amax / 448, 1 / (448 * 512)).
 constexpr float kFp8Max = 448.0f;
 constexpr float kMinActScale = 1.0f / (448.0f * 512.0f);
 

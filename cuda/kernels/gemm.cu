@@ -1,6 +1,6 @@
 // gemm.cu — FP8 linears. Decode (few rows): weight-streaming tensor-core
 // kernels of our own (cuBLASLt FP8 reads weights at only ~2 TB/s for M <= 64,
-// gpu-machine.md): the weights are fed to mma.sync m16n8k32 e4m3 as the 16-row
+// docs/hardware.md §2): the weights are fed to mma.sync m16n8k32 e4m3 as the 16-row
 // A operand while the (few) tokens are the 8-column B operand ("swap A/B"),
 // streamed through a cp.async pipeline in shared memory (dense: up to 32 token
 // rows; grouped/MoE: any group size, in row tiles of 8, 16 or 32 rows) and, for

@@ -15,7 +15,7 @@
 namespace glmk {
 
 // ---------------------------------------------------------------- quant.cu
-// Per-row dynamic FP8 quantization (glm47-spec.md §4.3):
+// Per-row dynamic FP8 quantization (docs/model.md §4.3):
 //   s[r] = max(max_c |x[r,c]| / 448, 1/(448*512)),  q[r,c] = e4m3_rne(clamp(x[r,c] / s[r])).
 // cols % 4 == 0. If rows_dev is set, rows >= *rows_dev are skipped.
 cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint8_t* q,
@@ -496,10 +496,10 @@ std::string gemm_f32_nt(cublasHandle_t h, const float* A, const float* B, float*
                         int K, cudaStream_t st);
 
 // ------------------------------------------------------------------ moe.cu
-// Router selection per token from FP32 router logits [T, E] (glm47-spec.md §3.6):
+// Router selection per token from FP32 router logits [T, E] (docs/model.md §3.6):
 // sigmoid, + correction bias for selection, group-limited top-k (group score =
 // sum of its top-2 biased scores, experts of other groups masked with -inf as
-// transformers 5.x does; glm47-spec.md §3.6 says 0.0), weights from
+// transformers 5.x does; docs/model.md §3.6: 4.5x used 0.0), weights from
 // the unbiased sigmoid, renormalised if norm_topk, x scaling. Writes, per token,
 // slots = top_k (+1 if shared_local >= 0) entries:
 //   ids[t*slots + j] = expert - expert_begin if that expert is local

@@ -1,4 +1,4 @@
-// moe.cu — MoE routing and data movement (glm47-spec.md §3.6): FP32 router
+// moe.cu — MoE routing and data movement (docs/model.md §3.6): FP32 router
 // selection (sigmoid, correction bias for selection only, group-limited top-k,
 // renormalise, scale), the token-by-expert sort that feeds the grouped
 // streaming FP8 GEMMs (gemm.cu), and the weighted combine that folds the

@@ -1,6 +1,6 @@
 // norm_rope.cu — RMSNorm with fused residual add (and optional FP8 output), and
 // the attention prologue: q/k per-head RMSNorm + partial NeoX RoPE + paged KV
-// write in one pass (glm47-spec.md §3.2, §3.4).
+// write in one pass (docs/model.md §3.2, §3.4).
 #include "common.cuh"
 
 namespace glmk {

@@ -1,4 +1,4 @@
-// quant.cu — per-token dynamic FP8 activation quantization (glm47-spec.md §4.3),
+// quant.cu — per-token dynamic FP8 activation quantization (docs/model.md §4.3),
 // alone and fused with SiLU(gate)*up (the input of every down projection).
 #include "common.cuh"
 

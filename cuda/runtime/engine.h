@@ -4,7 +4,7 @@
 // split over ranks (expert parallel), the shared expert runs on rank 0 as one
 // extra local expert, and the sub-layer outputs are summed with NCCL.
 //
-// Numerics (glm47-spec.md §3, §4): residual stream FP32; RMSNorm statistics
+// Numerics (docs/model.md §3, §4): residual stream FP32; RMSNorm statistics
 // FP32; every quantized linear takes per-token dynamic FP8 activations and
 // FP8 weights with per-row scales, accumulates in FP32; q/k/v biases FP32;
 // router, sigmoid, top-k and softmax FP32; KV cache BF16; lm_head BF16 x BF16

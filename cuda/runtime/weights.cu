@@ -1,4 +1,4 @@
-// weights.cu — checkpoint tensors by their real names (glm47-spec.md §2.2):
+// weights.cu — checkpoint tensors by their real names (docs/model.md §2.2):
 // the list of expected names with shapes, and the upload that fuses q|k|v and
 // gate|up (keeping every part's own row scales), converts scales, norms and
 // biases to FP32, and shards for tensor/expert parallelism (place_piece, the

@@ -1477,7 +1477,7 @@ static std::vector<StreamTuning> sweep_tunings() {
 }
 
 static void bench(const LtGemm& lt, int num_sms, bool sweep) {
-  const double ceiling = 4460.0;  // GB/s, HBM read (gpu-machine.md, H200)
+  const double ceiling = 4460.0;  // GB/s, HBM read (docs/hardware.md §2, H200)
   std::vector<BenchRow> rows;
   // Dense decode linears: rotate over copies so the weights never sit in L2.
   struct Shape {

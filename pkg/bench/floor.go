@@ -14,10 +14,10 @@ import (
 // Memory bandwidths the floor divides by, in bytes per second.
 const (
 	// H200MeasuredBandwidth is the HBM read rate measured on one H200 (a
-	// reduction over 8 GiB, gpu-machine.md); the spec sheet says 4.8e12.
+	// reduction over 8 GiB, docs/hardware.md §2); the spec sheet says 4.8e12.
 	H200MeasuredBandwidth = 4.46e12
 	// H200SpecBandwidth and H100SpecBandwidth are the SXM data-sheet figures
-	// (perf-anchors.md §4.1).
+	// (docs/hardware.md §4.1).
 	H200SpecBandwidth = 4.8e12
 	H100SpecBandwidth = 3.35e12
 	// H100EstimatedBandwidth scales the H100 SXM spec by the H200's
@@ -42,7 +42,7 @@ func DefaultBandwidth(backendName, device string) (Bandwidth, error) {
 	}
 	switch {
 	case strings.Contains(device, "H200"):
-		return Bandwidth{H200MeasuredBandwidth, "H200 HBM read, measured 4.46 TB/s (gpu-machine.md)"}, nil
+		return Bandwidth{H200MeasuredBandwidth, "H200 HBM read, measured 4.46 TB/s (docs/hardware.md §2)"}, nil
 	case strings.Contains(device, "H100"):
 		return Bandwidth{H100EstimatedBandwidth, "H100 SXM estimate 3.35 TB/s × 4.46/4.8 (H200 measured/spec ratio), not measured"}, nil
 	}

@@ -55,7 +55,7 @@ func glm47Floor(t *testing.T, kvElem int) FloorModel {
 	return m
 }
 
-// The per-GPU column of perf-anchors.md §4.2 (whole model / 8, FP8 KV at
+// The per-GPU column of docs/hardware.md §4.2 (whole model / 8, FP8 KV at
 // C=2048) and the H200 column of §4.3 (4.8 TB/s spec bandwidth).
 func TestGLM47FloorMatchesPerfAnchors(t *testing.T) {
 	fp8 := glm47Floor(t, 1)
@@ -110,11 +110,11 @@ func TestGLM47FloorMatchesPerfAnchors(t *testing.T) {
 		// Net of the replication surcharge the table is matched to its
 		// rounding; with it, within a few percent.
 		if !within(f.Bytes.Total-surcharge, tt.wantGB*1e9, 0.01) || !within(f.Bytes.Total, tt.wantGB*1e9, 0.035) {
-			t.Errorf("KV %d bytes, B=%g: %.3f GB per GPU (%.3f net of router replication), want %.3f (perf-anchors §4.2)",
+			t.Errorf("KV %d bytes, B=%g: %.3f GB per GPU (%.3f net of router replication), want %.3f (docs/hardware.md §4.2)",
 				tt.m.Options.KVElemBytes, tt.batch, f.Bytes.Total/1e9, (f.Bytes.Total-surcharge)/1e9, tt.wantGB)
 		}
 		if tt.wantH200 > 0 && !within(f.StepMs, tt.wantH200, 0.035) {
-			t.Errorf("B=%g: floor %.3f ms on H200 spec bandwidth, want %.2f (perf-anchors §4.3)", tt.batch, f.StepMs, tt.wantH200)
+			t.Errorf("B=%g: floor %.3f ms on H200 spec bandwidth, want %.2f (docs/hardware.md §4.3)", tt.batch, f.StepMs, tt.wantH200)
 		}
 		if !within(f.TokensPerSecond, tt.batch/(f.StepMs/1e3), 1e-12) {
 			t.Errorf("B=%g: tok/s %g inconsistent with step %g ms", tt.batch, f.TokensPerSecond, f.StepMs)
@@ -138,7 +138,7 @@ func TestGLM47FloorTPOnlyAndSingleGPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// One GPU reads the whole model's step: 34.1 GB at B=1 (perf-anchors §4.2).
+	// One GPU reads the whole model's step: 34.1 GB at B=1 (docs/hardware.md §4.2).
 	if s := one.StepBytes(1, 2048); !within(s.Total, 34.1e9, 0.03) {
 		t.Errorf("TP1 B=1: %.2f GB, want ~34.1", s.Total/1e9)
 	}

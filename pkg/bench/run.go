@@ -1,7 +1,7 @@
 // Package bench measures the engine on synthetic requests (throughput,
 // TTFT, TPOT, step statistics) and compares the decode rate with the memory
-// bandwidth floor of the model on its deployment (design.md §5,
-// perf-anchors.md §4). Performance is reported, never asserted.
+// bandwidth floor of the model on its deployment (docs/hardware.md
+// §4). Performance is reported, never asserted.
 package bench
 
 import (

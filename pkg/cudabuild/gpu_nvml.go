@@ -5,7 +5,7 @@ package cudabuild
 // This file and pkg/gpustat/nvml/state_nvml.go (GPU telemetry) are the only
 // ones importing go-nvml. Importing it adds
 // -Wl,--unresolved-symbols=ignore-in-object-files to the whole binary's link
-// (go-notes.md §3), so `make link-check` builds once with -tags nonvml, which
+// (docs/backends.md), so `make link-check` builds once with -tags nonvml, which
 // swaps in gpu_nonvml.go, to keep unresolved C symbols link errors.
 
 import (

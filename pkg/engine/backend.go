@@ -1,6 +1,6 @@
 // Package engine owns request lifecycle, scheduling, KV block management and
 // sampling policy. It talks to compute through the Backend interface: one call
-// per scheduler step, with a flat description of what runs (design.md §2).
+// per scheduler step, with a flat description of what runs (docs/architecture.md, step contract).
 package engine
 
 import (

@@ -206,7 +206,7 @@ func ceilDiv(a, b int64) int64 { return (a + b - 1) / b }
 // Plan computes the per-GPU memory of the deployment: attention, dense MLP,
 // shared experts and lm_head tensor-parallel (vocab-parallel embedding and
 // head), routed experts expert-parallel over EP ranks and tensor-parallel
-// over TP/EP within each (design.md §4); router and norms replicated. The
+// over TP/EP within each (docs/model.md §7.1); router and norms replicated. The
 // busiest GPU is reported (ceil division). Dtypes come from the binding
 // when known, else from quantization_config.
 func Plan(cfg *Config, b *Binding, o PlanOptions) (MemoryPlan, error) {

@@ -12,7 +12,7 @@ import (
 	"path/filepath"
 )
 
-// Config is the Glm4Moe config.json (glm47-spec.md §1.1). Unknown keys are
+// Config is the Glm4Moe config.json (docs/model.md §1.1). Unknown keys are
 // ignored; Validate rejects values the architecture cannot run.
 type Config struct {
 	Architectures         []string    `json:"architectures"`

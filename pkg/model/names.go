@@ -2,7 +2,7 @@ package model
 
 import "fmt"
 
-// Tensor names of the GLM-4.x MoE checkpoint layout (glm47-spec.md §2).
+// Tensor names of the GLM-4.x MoE checkpoint layout (docs/model.md §2).
 const (
 	EmbedName     = "model.embed_tokens.weight"
 	FinalNormName = "model.norm.weight"
@@ -143,7 +143,7 @@ func (c *Config) layerArchitecture(l int, mtp bool) ([]LinearSpec, []TensorSpec)
 		norm(p+".shared_head.norm.weight", H)
 		lin(p+".eh_proj", H, 2*H, false, CompMTP)
 		// The MTP layer's own head and embedding may be absent: engines reuse
-		// the main model's (glm47-spec.md §2.2, §6).
+		// the main model's (docs/model.md §2.2, §6).
 		lins = append(lins, LinearSpec{Module: p + ".shared_head.head", Out: c.VocabSize, In: H, Component: CompMTP, MTP: true, Optional: true})
 		tens = append(tens, TensorSpec{Name: p + ".embed_tokens.weight", Shape: []int64{int64(c.VocabSize), int64(H)}, Role: RoleEmbedding, Component: CompMTP, MTP: true, Optional: true})
 	}

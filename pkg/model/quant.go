@@ -8,7 +8,7 @@ import (
 )
 
 // QuantConfig is config.json's quantization_config in the compressed-tensors
-// form (glm47-spec.md §1.2).
+// form (docs/model.md §1.2).
 type QuantConfig struct {
 	QuantMethod        string                 `json:"quant_method"`
 	Format             string                 `json:"format"`

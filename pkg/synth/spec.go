@@ -236,7 +236,7 @@ func (s Spec) ConfigJSON() ([]byte, error) {
 }
 
 // GenerationConfigJSON is the generation_config.json written next to the
-// config: the base's (glm47-spec.md §5.3) with the spec's stop ids.
+// config: the base's (docs/model.md §5.3) with the spec's stop ids.
 func GenerationConfigJSON(cfg *model.Config) ([]byte, error) {
 	doc := map[string]any{"_from_model_config": true, "temperature": 1.0, "transformers_version": "4.56.2"}
 	if len(cfg.EOSTokenIDs) > 0 {

@@ -1,5 +1,5 @@
 // Package cpu is the pure-Go reference backend: the full GLM-4.7 forward
-// (glm47-spec.md §3–§4, §8) in float32 over a paged KV cache, implementing
+// (docs/model.md §3–§4, §8) in float32 over a paged KV cache, implementing
 // engine.Backend. It is the executable specification that faster backends are
 // checked against (through pkg/golden), and it runs the bundled tiny models on
 // any machine.
@@ -173,7 +173,7 @@ func (b *Backend) Close() error {
 // ErrClosed is returned by Step after Close.
 var ErrClosed = errors.New("cpu backend is closed")
 
-// Step runs one forward pass over the batch (design.md §2): every sequence's
+// Step runs one forward pass over the batch (docs/architecture.md, step contract): every sequence's
 // new tokens are embedded, their K/V written to the slots their block tables
 // name, attention reads positions 0..pos of each sequence from the pool, and
 // logits are computed at each sequence's last position where it samples or

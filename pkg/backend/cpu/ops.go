@@ -6,7 +6,7 @@ import (
 	"github.com/glmctl/glmctl/pkg/safetensors"
 )
 
-// The element-wise operations of the forward (glm47-spec.md §3), each on one
+// The element-wise operations of the forward (docs/model.md §3), each on one
 // row, in float32 the way the float32 transformers reference computes them.
 
 // rmsNorm writes x / sqrt(mean(x²) + eps) · w into dst (dst may be x). The
@@ -79,7 +79,7 @@ func ropeInterleaved(x, cos, sin []float32) {
 	}
 }
 
-// FP8 activation quantization constants (glm47-spec.md §4.3).
+// FP8 activation quantization constants (docs/model.md §4.3).
 const (
 	fp8Max      = 448
 	minActScale = 1.0 / (448 * 512)
@@ -152,7 +152,7 @@ func dot4(x, w0, w1, w2, w3 []float32) (r0, r1, r2, r3 float32) {
 	return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 }
 
-// router holds the MoE routing rule of one model (glm47-spec.md §3.6).
+// router holds the MoE routing rule of one model (docs/model.md §3.6).
 type router struct {
 	experts, topK     int
 	groups, topKGroup int

@@ -1,7 +1,7 @@
 // Package cuda is the CUDA backend: it drives libglmcuda.so (cuda/, C ABI
 // cuda/include/glmrt.h) through cgo and dlopen, so glmctl builds and runs
 // without any CUDA library and loads the runtime only when asked. One
-// locked OS thread per backend makes every glmrt_ call (design.md §1).
+// locked OS thread per backend makes every glmrt_ call (docs/architecture.md, design rules).
 package cuda
 
 import (

@@ -4,7 +4,7 @@ package nvml
 
 // This file and pkg/cudabuild/gpu_nvml.go are the only ones importing
 // go-nvml. Importing it adds -Wl,--unresolved-symbols=ignore-in-object-files
-// to the whole binary's link (go-notes.md §3), so `make link-check` builds
+// to the whole binary's link (docs/backends.md), so `make link-check` builds
 // with -tags nonvml, which swaps in state_nonvml.go.
 
 import (

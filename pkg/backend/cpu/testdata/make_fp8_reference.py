@@ -7,7 +7,7 @@ Usage (from the repository root; needs only numpy):
 
 The transformers goldens (scripts/make_golden.py) are float32 with no activation
 quantization. The GPU path, and the CPU backend with FP8Activations, quantize
-the input of every quantized linear per token (glm47-spec.md §4.3):
+the input of every quantized linear per token (docs/model.md §4.3):
 
     s[t]   = max(max_k |x[t,k]| / 448, 1 / (448 * 512))
     q[t,k] = fp8_e4m3_rne(clamp(x[t,k] / s[t], -448, 448))
@@ -245,7 +245,7 @@ def main() -> int:
     doc = {
         "model": args.model.resolve().name,
         "reference": f"numpy {np.__version__} float64 forward with per-token dynamic FP8 activation "
-                     "quantization of every quantized linear (glm47-spec.md §4.3), "
+                     "quantization of every quantized linear (docs/model.md §4.3), "
                      "pkg/backend/cpu/testdata/make_fp8_reference.py",
         "cases": cases,
     }
