@@ -41,14 +41,10 @@ test: lint link-check cuda-check release-check venv
 # FUZZTIME, so that a new crasher is caught in CI; its seed corpus
 # (testdata/fuzz) already runs with the plain tests. A failure leaves the
 # input in testdata/fuzz/FuzzXxx/ for go test to replay: commit it with the fix.
+# scripts/fuzz.sh tells a crasher from Go's fuzztime-boundary race.
 FUZZTIME ?= 10s
 fuzz: $(TOKENIZERS_DEPS)
-	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' cmd pkg internal | sort); do \
-	  for n in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
-	    echo "fuzz ./$$(dirname $$f) $$n for $(FUZZTIME)"; \
-	    $(GO) test -run='^$$' -fuzz="^$$n$$" -fuzztime=$(FUZZTIME) ./$$(dirname $$f); \
-	  done; \
-	done
+	@GO="$(GO)" scripts/fuzz.sh $(FUZZTIME)
 
 lint: $(TOKENIZERS_DEPS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
