@@ -412,18 +412,28 @@ def _(c):
 @check("a stream closed early is cancelled and frees its KV blocks")
 def _(c):
     cancelled = c.metric('glmctl_engine_requests_finished_total{reason="cancelled"}')
-    stream = c.create(stream=True, max_tokens=1000, temperature=1.0)
+    # max_tokens up to the end of the context (from /v1/models): the answer runs
+    # far longer than reading four events takes, even on a loaded machine (1,000
+    # tokens once finished, ~1 s, before the client closed: nothing to cancel).
+    req = urllib.request.Request(c.args.base_url + "/v1/models",
+                                 headers={"Authorization": "Bearer " + c.args.api_key})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        ctx = json.loads(r.read())["data"][0]["max_model_len"]
+    stream = c.create(stream=True, max_tokens=ctx - 64, temperature=1.0)
     it = iter(stream)
     for _ in range(4):  # message_start, then the first block's start and deltas
         next(it)
     stream.close()
     deadline = time.time() + 15
+    seen = None
     while time.time() < deadline:
-        if (c.metric('glmctl_engine_requests_finished_total{reason="cancelled"}') == cancelled + 1
-                and c.metric("glmctl_running_sequences") == 0 and c.metric("glmctl_kv_blocks_used") == 0):
+        seen = (c.metric('glmctl_engine_requests_finished_total{reason="cancelled"}') - cancelled,
+                c.metric("glmctl_running_sequences"), c.metric("glmctl_kv_blocks_used"))
+        if seen == (1, 0, 0):
             return
         time.sleep(0.05)
-    raise AssertionError("closed stream still running or holding KV blocks after 15 s")
+    raise AssertionError(f"closed stream not cancelled, or still running or holding KV blocks after 15 s: "
+                         f"(cancelled, running, KV blocks used) = {seen}, want (1, 0, 0)")
 
 
 def main():
