@@ -271,17 +271,11 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		PrefixCaching:    v.GetBool("prefix-caching"),
 		Logger:           a.log,
 	}
-	eng, err := engine.New(be, ecfg)
+	eng, stopEngine, err := engine.Start(ctx, be, ecfg)
 	if err != nil {
 		return err
 	}
-	runCtx, stopEngine := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- eng.Run(runCtx) }()
-	defer func() {
-		stopEngine()
-		<-done
-	}()
+	defer stopEngine()
 	lim := eng.Limits()
 
 	sampling := "greedy"

@@ -176,7 +176,7 @@ func TestServeTokenizeTinyTokenizer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.Close()
-	srv, err := server.New(server.Options{Backend: be, Tokenizer: serveTokenizer{tok}, Chat: server.GLMChat{Variant: tok.Variant},
+	srv, err := server.New(server.Options{Backend: be, Tokenizer: tokenizer.ServerTokenizer{Tok: tok}, Chat: server.GLMChat{Variant: tok.Variant},
 		ModelName: "tiny", Version: "v9", Commit: "c0ffee"})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/glmctl/glmctl/pkg/engine"
+	"github.com/glmctl/glmctl/pkg/server"
 	"github.com/glmctl/glmctl/pkg/tokenizer"
 	"github.com/glmctl/glmctl/pkg/tokenizer/chat"
 )
@@ -143,7 +144,7 @@ func (p plainSink) write(text string) error {
 type chatSink struct {
 	w        io.Writer
 	quiet    bool
-	p        *chat.Parser
+	p        server.OutputParser
 	result   chat.Result
 	thinking bool // inside the shown "Thinking..." block
 }
@@ -248,14 +249,31 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// detokenizer adapts a tokenizer to the engine's Detokenizer: generated
-// text is shown without special tokens.
-type detokenizer struct {
-	tok         tokenizer.Tokenizer
-	keepSpecial bool // chat output keeps </think>, <tool_call>... for the parser
+// generateChatPrompt is the chat prompt of generate --chat: an optional
+// system message and the user's prompt, thinking as asked.
+func generateChatPrompt(system, prompt string, thinking bool) server.ChatPrompt {
+	var msgs []chat.Message
+	if system != "" {
+		msgs = append(msgs, chat.Message{Role: "system", Content: chat.Content(system)})
+	}
+	msgs = append(msgs, chat.Message{Role: "user", Content: chat.Content(prompt)})
+	return server.ChatPrompt{Messages: msgs, EnableThinking: &thinking}
 }
 
-func (d detokenizer) Decode(ids []int32) (string, error) { return d.tok.Decode(ids, !d.keepSpecial) }
+// encodeChat renders and encodes a chat prompt exactly as the server's chat
+// endpoints do (server.EncodeChat with the directory's GLM chat format).
+func encodeChat(tok *tokenizer.Bundle, cp server.ChatPrompt) ([]int32, error) {
+	if tok.Variant == chat.VariantUnknown {
+		return nil, fmt.Errorf("encode chat: %s has no GLM chat template (chat_template.jinja or tokenizer_config.json chat_template)", tok.Dir)
+	}
+	ids, _, err := server.EncodeChat(server.GLMChat{Variant: tok.Variant}, tokenizer.ServerTokenizer{Tok: tok}, cp)
+	if re := (*server.RenderError)(nil); errors.As(err, &re) {
+		return nil, re.Err
+	} else if err != nil {
+		return nil, fmt.Errorf("encode chat: %w", err)
+	}
+	return ids, nil
+}
 
 func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	v := a.v
@@ -266,7 +284,7 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	dir := src.dir
 	var ids []int32
 	var tok *tokenizer.Bundle
-	var chatOpts *chat.Options // set with --chat
+	var chatPrompt *server.ChatPrompt // set with --chat
 	if s := v.GetString("prompt-ids"); s != "" {
 		if prompt != "" {
 			return errors.New("give either a PROMPT or --prompt-ids, not both")
@@ -294,14 +312,9 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 			return errors.New("no prompt: give PROMPT or --prompt-ids")
 		}
 		if v.GetBool("chat") {
-			var msgs []chat.Message
-			if s := v.GetString("system"); s != "" {
-				msgs = append(msgs, chat.Message{Role: "system", Content: chat.Content(s)})
-			}
-			msgs = append(msgs, chat.Message{Role: "user", Content: chat.Content(prompt)})
-			thinking := v.GetBool("thinking")
-			chatOpts = &chat.Options{AddGenerationPrompt: true, EnableThinking: &thinking}
-			if ids, _, err = tok.EncodeChat(msgs, *chatOpts); err != nil {
+			cp := generateChatPrompt(v.GetString("system"), prompt, v.GetBool("thinking"))
+			chatPrompt = &cp
+			if ids, err = encodeChat(tok, cp); err != nil {
 				return err
 			}
 		} else if ids, err = tok.Encode(prompt, false); err != nil {
@@ -321,20 +334,15 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	cfg.MaxBatchedTokens = v.GetInt("max-batched-tokens")
 	cfg.Logger = a.log
 	if tok != nil {
-		cfg.Detokenizer = detokenizer{tok: tok, keepSpecial: chatOpts != nil}
+		// Chat output keeps </think>, <tool_call>... for the parser.
+		cfg.Detokenizer = tokenizer.Detokenizer{Tok: tok, KeepSpecial: chatPrompt != nil}
 		cfg.EOSTokenIDs = tok.StopIDs
 	}
-	eng, err := engine.New(be, cfg)
+	eng, stopEngine, err := engine.Start(ctx, be, cfg)
 	if err != nil {
 		return err
 	}
-	runCtx, stopEngine := context.WithCancel(context.WithoutCancel(ctx))
-	done := make(chan error, 1)
-	go func() { done <- eng.Run(runCtx) }()
-	defer func() {
-		stopEngine()
-		<-done
-	}()
+	defer stopEngine()
 
 	req := &engine.Request{
 		PromptTokens: ids,
@@ -352,8 +360,8 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	asJSON := v.GetBool("json")
 	var sink textSink = plainSink{w: a.out, quiet: asJSON || tok == nil}
 	var cs *chatSink
-	if chatOpts != nil {
-		cs = &chatSink{w: a.out, quiet: asJSON, p: chat.NewParser(tok.Variant, chatOpts.ParserOptions())}
+	if chatPrompt != nil {
+		cs = &chatSink{w: a.out, quiet: asJSON, p: server.GLMChat{Variant: tok.Variant}.NewParser(chatPrompt.ParserOptions())}
 		sink = cs
 	}
 	res, err := streamGeneration(ctx, eng, req, sink)

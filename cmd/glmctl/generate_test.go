@@ -112,14 +112,11 @@ func TestStreamGenerationStopsOnCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer be.Close()
-	eng, err := engine.New(be, engine.DefaultConfig())
+	eng, stop, err := engine.Start(context.Background(), be, engine.DefaultConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- eng.Run(runCtx) }()
-	defer func() { stop(); <-done }()
+	defer stop()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { time.Sleep(50 * time.Millisecond); cancel() }()

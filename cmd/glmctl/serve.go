@@ -157,7 +157,7 @@ func (a *app) runServe(ctx context.Context) error {
 			MaxQueue:         v.GetInt("max-queue"),
 			EOSTokenIDs:      stopIDs,
 		},
-		Tokenizer:       serveTokenizer{tok},
+		Tokenizer:       tokenizer.ServerTokenizer{Tok: tok},
 		Chat:            format,
 		ModelName:       name,
 		APIKey:          v.GetString("api-key"),
@@ -174,24 +174,6 @@ func (a *app) runServe(ctx context.Context) error {
 		return err
 	}
 	return srv.ListenAndServe(ctx)
-}
-
-// serveTokenizer adapts the model's tokenizer to server.Tokenizer.
-type serveTokenizer struct{ b *tokenizer.Bundle }
-
-func (t serveTokenizer) Encode(text string) ([]int32, error) { return t.b.Encode(text, false) }
-
-func (t serveTokenizer) Decode(ids []int32) (string, error) { return t.b.Decode(ids, true) }
-
-// DecodeWithSpecial keeps special tokens, for /detokenize (server.SpecialDecoder).
-func (t serveTokenizer) DecodeWithSpecial(ids []int32) (string, error) { return t.b.Decode(ids, false) }
-
-func (t serveTokenizer) TokenText(id int32) string {
-	s, err := t.b.Decode([]int32{id}, false)
-	if err != nil {
-		return ""
-	}
-	return s
 }
 
 // samplingDefaults reads temperature, top_p and top_k from the model's

@@ -21,16 +21,12 @@ func startEngine(t *testing.T, cfg engine.Config) *engine.Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, err := engine.New(be, cfg)
+	eng, stop, err := engine.Start(context.Background(), be, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- eng.Run(ctx) }()
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		_ = stop()
 		be.Close()
 	})
 	return eng

@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -40,14 +41,12 @@ func (s *Server) renderAnthropic(p *anthropic.Prompt) (chatPrompt, []int32, *ant
 	if s.opts.Chat == nil {
 		return cp, nil, anthropic.BadRequest("messages", "messages: this model has no chat template: use /v1/completions")
 	}
-	prompt, err := s.opts.Chat.Render(cp.messages, chat.Options{
-		Tools: cp.tools, AddGenerationPrompt: true, EnableThinking: cp.enableThinking,
+	ids, _, err := EncodeChat(s.opts.Chat, s.opts.Tokenizer, ChatPrompt{
+		Messages: cp.messages, Tools: cp.tools, EnableThinking: cp.enableThinking, Suffix: cp.prefill,
 	})
-	if err != nil {
-		return cp, nil, anthropic.BadRequest("messages", "messages: %v", err)
-	}
-	ids, err := s.opts.Tokenizer.Encode(prompt + cp.prefill)
-	if err != nil {
+	if re := (*RenderError)(nil); errors.As(err, &re) {
+		return cp, nil, anthropic.BadRequest("messages", "messages: %v", re.Err)
+	} else if err != nil {
 		return cp, nil, anthropic.NewError(http.StatusInternalServerError, "", "tokenize prompt: "+err.Error())
 	}
 	return cp, ids, nil

@@ -229,16 +229,15 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, openai.BadRequest("messages", "this model has no chat template: use /v1/completions"))
 		return
 	}
-	tools := toolObjects(req.Tools, req.ToolChoice)
-	prompt, err := s.opts.Chat.Render(toChatMessages(req.Messages), chat.Options{
-		Tools: tools, AddGenerationPrompt: true, EnableThinking: req.EnableThinking, ClearThinking: req.ClearThinking,
-	})
-	if err != nil {
-		s.fail(w, ri, openai.BadRequest("messages", "%v", err))
-		return
+	cp := ChatPrompt{
+		Messages: toChatMessages(req.Messages), Tools: toolObjects(req.Tools, req.ToolChoice),
+		EnableThinking: req.EnableThinking, ClearThinking: req.ClearThinking,
 	}
-	ids, err := s.opts.Tokenizer.Encode(prompt)
-	if err != nil {
+	ids, _, err := EncodeChat(s.opts.Chat, s.opts.Tokenizer, cp)
+	if re := (*RenderError)(nil); errors.As(err, &re) {
+		s.fail(w, ri, openai.BadRequest("messages", "%v", re.Err))
+		return
+	} else if err != nil {
 		s.fail(w, ri, &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Message: "tokenize prompt: " + err.Error()})
 		return
 	}
@@ -270,7 +269,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	gen.choices = make([]chatChoiceState, cs.choices())
 	for i := range gen.choices {
-		gen.choices[i].parser = s.opts.Chat.NewParser(chat.ParserOptions{Thinking: req.EnableThinking == nil || *req.EnableThinking, Tools: tools})
+		gen.choices[i].parser = s.opts.Chat.NewParser(cp.ParserOptions())
 	}
 	if req.Stream {
 		gen.stream(w)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -42,13 +43,11 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	cp := toResponsesPrompt(req)
-	prompt, err := s.opts.Chat.Render(cp.messages, chat.Options{Tools: cp.tools, AddGenerationPrompt: true, EnableThinking: cp.enableThinking})
-	if err != nil {
-		s.fail(w, ri, openai.BadRequest("input", "input: %v", err))
+	ids, _, err := EncodeChat(s.opts.Chat, s.opts.Tokenizer, ChatPrompt{Messages: cp.messages, Tools: cp.tools, EnableThinking: cp.enableThinking})
+	if re := (*RenderError)(nil); errors.As(err, &re) {
+		s.fail(w, ri, openai.BadRequest("input", "input: %v", re.Err))
 		return
-	}
-	ids, err := s.opts.Tokenizer.Encode(prompt)
-	if err != nil {
+	} else if err != nil {
 		s.fail(w, ri, &openai.Error{Status: http.StatusInternalServerError, Type: openai.TypeServer, Message: "tokenize prompt: " + err.Error()})
 		return
 	}

@@ -171,12 +171,11 @@ func CheckDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	ck, err := safetensors.Open(dir, safetensors.OpenOptions{})
+	ck, b, err := model.OpenBound(dir, cfg)
 	if err != nil {
 		return err
 	}
 	defer ck.Close()
-	b := model.Bind(cfg, ck.Tensors)
 	if b.Err() != nil {
 		return nil
 	}

@@ -58,13 +58,12 @@ type loader struct {
 }
 
 func loadWeights(dir string, cfg *model.Config, fp8 bool, onLoad func(done, total int64)) (*weights, error) {
-	ck, err := safetensors.Open(dir, safetensors.OpenOptions{})
+	ck, bind, err := model.OpenBound(dir, cfg)
 	if err != nil {
 		return nil, err
 	}
 	// Every tensor is copied into float32 slices; the mapping is not kept.
 	defer ck.Close()
-	bind := model.Bind(cfg, ck.Tensors)
 	if err := bind.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}

@@ -153,12 +153,11 @@ func OpenContext(ctx context.Context, dir string, o Options) (*Backend, error) {
 	if err := checkConfigRange(cfg); err != nil {
 		return nil, err
 	}
-	ckpt, err := safetensors.Open(dir, safetensors.OpenOptions{})
+	ckpt, binding, err := model.OpenBound(dir, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer ckpt.Close()
-	binding := model.Bind(cfg, ckpt.Tensors)
 	if err := binding.Err(); err != nil {
 		return nil, fmt.Errorf("model %s: %w", dir, err)
 	}
