@@ -381,7 +381,7 @@ func TestMessagesAPIKey(t *testing.T) {
 
 // A client that disconnects cancels its messages request, streamed or not.
 func TestMessagesDisconnectCancels(t *testing.T) {
-	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = 2 * time.Millisecond })
+	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = disconnectStepDelay })
 	for _, stream := range []bool{true, false} {
 		before := ts.Engine().Stats().FinishedCancelled
 		conn, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))

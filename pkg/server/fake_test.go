@@ -81,6 +81,13 @@ func (byteTokenizer) decode(ids []int32, skipSpecial bool) string {
 	return string(b)
 }
 
+// disconnectStepDelay is the step time of the client-disconnect tests: their
+// requests (400 tokens) would run 10 s, far longer than a closed connection
+// takes to cancel them even under -race on a loaded 2-core machine. At 2 ms a
+// step (0.8 s a request) a non-streamed request once finished before the
+// cancellation reached it (make test, 2026-11-25: FinishedLength 1).
+const disconnectStepDelay = 25 * time.Millisecond
+
 // scriptBackend is a deterministic engine.Backend. A prompt holding
 // "SCRIPT:<name>" (the last one, in a conversation) makes the model write
 // scripts[name] and then <|user|>;

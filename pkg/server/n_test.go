@@ -206,7 +206,7 @@ func TestNChoices(t *testing.T) {
 func TestNChoicesCancelAndFail(t *testing.T) {
 	ts := startServer(t, func(o *Options, b *scriptBackend) {
 		o.Engine.PrefixCaching = true
-		b.delay = 2 * time.Millisecond
+		b.delay = disconnectStepDelay
 	})
 	before := ts.Engine().Stats().FinishedCancelled
 	conn, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))

@@ -423,7 +423,7 @@ func TestResponsesErrors(t *testing.T) {
 
 // A client that disconnects cancels its Responses request, streamed or not.
 func TestResponsesDisconnectCancels(t *testing.T) {
-	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = 2 * time.Millisecond })
+	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = disconnectStepDelay })
 	for _, stream := range []bool{true, false} {
 		before := ts.Engine().Stats().FinishedCancelled
 		conn, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))

@@ -418,7 +418,7 @@ func TestQueueFull(t *testing.T) {
 // A client that disconnects mid-stream cancels its request: the engine
 // frees its KV blocks and counts it cancelled.
 func TestDisconnectCancels(t *testing.T) {
-	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = 2 * time.Millisecond })
+	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = disconnectStepDelay })
 	for _, stream := range []bool{true, false} {
 		before := ts.Engine().Stats().FinishedCancelled
 		conn, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))
