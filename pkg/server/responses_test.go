@@ -542,13 +542,17 @@ func TestOpenAIResponsesClientScripted(t *testing.T) {
 	}
 	ts := startServer(t, func(o *Options, b *scriptBackend) {
 		o.APIKey = "test-key"
-		b.delay = time.Millisecond // so that a stream closed early is still running
+		// So that a stream closed early is still running when the close
+		// arrives: its request asks for the rest of the context (~2,000
+		// tokens, 10 s at 5 ms a step). At 1 ms a step it once finished first
+		// under -race on a loaded 2-core machine (make test, 2026-11-25).
+		b.delay = 5 * time.Millisecond
 	})
 	cmd := exec.Command(py, "../../scripts/openai_responses_client_test.py", "--scripted", "--base-url", ts.url, "--api-key", "test-key", "--model", "glm-test")
 	out, err := cmd.CombinedOutput()
 	t.Logf("openai client (Responses API):\n%s", out)
 	if err != nil {
-		t.Fatalf("openai Responses client test failed: %v", err)
+		t.Fatalf("openai Responses client test failed: %v\nserver log:\n%s", err, ts.logs.String())
 	}
 	if !strings.Contains(string(out), " checks passed") || strings.Contains(string(out), "FAIL") {
 		t.Errorf("not every check passed")
