@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -532,5 +533,40 @@ func TestStopStringsThroughEngine(t *testing.T) {
 		if text.String() != tc.text || last.StopString != tc.stop || last.Finish != tc.finish {
 			t.Errorf("%s: text %q stop %q finish %q; want %q %q %q", tc.name, text.String(), last.StopString, last.Finish, tc.text, tc.stop, tc.finish)
 		}
+	}
+}
+
+// Close, from the reader's side, always reaches the engine: every request
+// closed after its first event is cancelled, none runs on to max_tokens.
+// (Stream.forward used to disarm the context's Cancel hook when it woke on
+// the closed context before the hook had run: a context closes its Done
+// channel before it runs its children's AfterFunc hooks. The request then
+// generated to the end for nobody.)
+func TestCloseAlwaysCancels(t *testing.T) {
+	f := newFake(4, 256)
+	f.block = func(ctx context.Context, step int, b *StepBatch) error {
+		time.Sleep(200 * time.Microsecond) // a request of 2,000 tokens runs 0.4 s
+		return nil
+	}
+	e := newEngine(t, f, Config{MaxSeqs: 8})
+	startEngine(t, e, f)
+	const n = 200
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			st, err := e.Submit(context.Background(), &Request{PromptTokens: seqTokens(i, 3), MaxTokens: 2000})
+			if err != nil {
+				t.Errorf("submit %d: %v", i, err)
+				return
+			}
+			<-st.Events() // the first token: the request runs
+			st.Close()
+		})
+	}
+	wg.Wait()
+	waitIdle(t, e)
+	if st := e.Stats(); st.FinishedCancelled != n || st.FinishedLength != 0 {
+		t.Fatalf("%d requests closed by their readers: %d cancelled, %d ran to max_tokens", n, st.FinishedCancelled,
+			st.FinishedLength)
 	}
 }

@@ -56,6 +56,17 @@ func (s *Stream) Close() { s.closeCtx() }
 func (s *Stream) forward() {
 	defer func() {
 		s.stopWatch()
+		// The reader went away (Close, or the Submit context ended): make
+		// sure the engine hears it. The ctx -> Cancel hook alone can miss it:
+		// a context closes its Done channel before it runs the AfterFunc
+		// hooks of its children, so this goroutine, woken by Done, could call
+		// stopWatch first and disarm the hook, and the request would then
+		// run on to max_tokens for nobody (seen as a cancelled HTTP request
+		// whose engine request finished with "length", about 1 run in 5 of
+		// a client test under -race). Cancel is idempotent.
+		if s.ctx.Err() != nil {
+			s.Cancel()
+		}
 		s.closeCtx()
 		close(s.events)
 	}()
