@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -340,4 +341,42 @@ func waitForEngine(t testing.TB, s *Server, what string, d time.Duration, cond f
 func idle(s *Server) bool {
 	st := s.Engine().Stats()
 	return st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0
+}
+
+// checkDisconnectCancels sends a request for 400 tokens to path on a raw
+// connection, streamed and not, waits until it runs (the streamed one until
+// a line holding marker arrives), closes the connection and requires the
+// request to be cancelled and its KV blocks freed. bodyFmt takes the
+// "stream" value (%v). The server must step at disconnectStepDelay.
+func checkDisconnectCancels(t *testing.T, ts *testServer, path, bodyFmt, marker string) {
+	t.Helper()
+	for _, stream := range []bool{true, false} {
+		before := ts.Engine().Stats().FinishedCancelled
+		conn, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := fmt.Sprintf(bodyFmt, stream)
+		fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, len(body), body)
+		if stream {
+			r := bufio.NewReader(conn)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					t.Fatal(err)
+				}
+				if strings.Contains(line, marker) {
+					break
+				}
+			}
+		} else {
+			waitFor(t, "request running", 5*time.Second, func() bool { return ts.Engine().Stats().Running == 1 })
+		}
+		conn.Close()
+		// 20 s: under -race on a loaded 2-core CI machine this has taken over
+		// 5 s (2026-11-24).
+		waitForEngine(t, ts.Server, path+": cancelled request to free its blocks", 20*time.Second, func(st engine.Stats) bool {
+			return st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0 && st.FinishedCancelled == before+1
+		})
+	}
 }

@@ -1,12 +1,9 @@
 package server
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
@@ -14,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/server/openai"
 )
 
@@ -424,33 +420,8 @@ func TestResponsesErrors(t *testing.T) {
 // A client that disconnects cancels its Responses request, streamed or not.
 func TestResponsesDisconnectCancels(t *testing.T) {
 	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = disconnectStepDelay })
-	for _, stream := range []bool{true, false} {
-		before := ts.Engine().Stats().FinishedCancelled
-		conn, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := fmt.Sprintf(`{"input":"go","max_output_tokens":400,"stream":%v}`, stream)
-		fmt.Fprintf(conn, "POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		if stream {
-			r := bufio.NewReader(conn)
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.Contains(line, "response.reasoning_text.delta") {
-					break
-				}
-			}
-		} else {
-			waitFor(t, "request running", 5*time.Second, func() bool { return ts.Engine().Stats().Running == 1 })
-		}
-		conn.Close()
-		waitForEngine(t, ts.Server, "cancelled request to free its blocks", 20*time.Second, func(st engine.Stats) bool {
-			return st.Running == 0 && st.Waiting == 0 && st.KVBlocksUsed == 0 && st.FinishedCancelled == before+1
-		})
-	}
+	checkDisconnectCancels(t, ts, "/v1/responses", `{"input":"go","max_output_tokens":400,"stream":%v}`,
+		"response.reasoning_text.delta")
 }
 
 // A backend failure is a 500 server_error; mid-stream, the open item is

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -419,35 +417,8 @@ func TestQueueFull(t *testing.T) {
 // frees its KV blocks and counts it cancelled.
 func TestDisconnectCancels(t *testing.T) {
 	ts := startServer(t, func(_ *Options, b *scriptBackend) { b.delay = disconnectStepDelay })
-	for _, stream := range []bool{true, false} {
-		before := ts.Engine().Stats().FinishedCancelled
-		conn, err := net.Dial("tcp", strings.TrimPrefix(ts.url, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		body := fmt.Sprintf(`{"messages":[{"role":"user","content":"go"}],"max_tokens":400,"stream":%v}`, stream)
-		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-		if stream {
-			// Read until a content delta arrived: the request is running.
-			r := bufio.NewReader(conn)
-			for {
-				line, err := r.ReadString('\n')
-				if err != nil {
-					t.Fatal(err)
-				}
-				if strings.Contains(line, "reasoning_content") {
-					break
-				}
-			}
-		} else {
-			waitFor(t, "request running", 5*time.Second, func() bool { return ts.Engine().Stats().Running == 1 })
-		}
-		conn.Close()
-		waitFor(t, "cancelled request to free its blocks", 5*time.Second, func() bool {
-			st := ts.Engine().Stats()
-			return idle(ts.Server) && st.FinishedCancelled == before+1
-		})
-	}
+	checkDisconnectCancels(t, ts, "/v1/chat/completions",
+		`{"messages":[{"role":"user","content":"go"}],"max_tokens":400,"stream":%v}`, "reasoning_content")
 }
 
 // On shutdown, requests that finish within the deadline complete; those
