@@ -25,6 +25,8 @@ import time
 import urllib.error
 import urllib.request
 
+import glmctl_metrics  # noqa: E402 (this script's directory is on sys.path)
+
 try:
     import anthropic
     from anthropic import Anthropic
@@ -169,12 +171,7 @@ class Ctx:
         return self.client.messages.count_tokens(**kw).input_tokens
 
     def metric(self, name):
-        with urllib.request.urlopen(self.args.base_url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"metric {name} not in /metrics")
+        return glmctl_metrics.metric(self.args.base_url, name)
 
 
 @check("non-streamed, with a system prompt and the request id")
@@ -411,7 +408,7 @@ def _(c):
 
 @check("a stream closed early is cancelled and frees its KV blocks")
 def _(c):
-    cancelled = c.metric('glmctl_engine_requests_finished_total{reason="cancelled"}')
+    cancelled = c.metric(glmctl_metrics.CANCELLED)
     # max_tokens up to the end of the context (from /v1/models): the answer runs
     # far longer than reading four events takes, even on a loaded machine (1,000
     # tokens once finished, ~1 s, before the client closed: nothing to cancel).
@@ -424,22 +421,7 @@ def _(c):
     for _ in range(4):  # message_start, then the first block's start and deltas
         next(it)
     stream.close()
-    # And the client's connection pool: closing the stream alone did not always
-    # close its TCP connection (about 1 run in 8 the server never saw the
-    # client go and generated to the end), and a close the server cannot see is
-    # not what this check is about. A fresh client for whatever runs next.
-    c.client.close()
-    c.client = Anthropic(base_url=c.args.base_url, api_key=c.args.api_key, max_retries=0, timeout=60)
-    deadline = time.time() + 15
-    seen = None
-    while time.time() < deadline:
-        seen = (c.metric('glmctl_engine_requests_finished_total{reason="cancelled"}') - cancelled,
-                c.metric("glmctl_running_sequences"), c.metric("glmctl_kv_blocks_used"))
-        if seen == (1, 0, 0):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"closed stream not cancelled, or still running or holding KV blocks after 15 s: "
-                         f"(cancelled, running, KV blocks used) = {seen}, want (1, 0, 0)")
+    glmctl_metrics.wait_one_cancelled(c.args.base_url, cancelled)
 
 
 def main():

@@ -26,6 +26,8 @@ import time
 import urllib.error
 import urllib.request
 
+import glmctl_metrics  # noqa: E402 (this script's directory is on sys.path)
+
 try:
     import openai
     from openai import OpenAI
@@ -202,12 +204,7 @@ class Ctx:
         return self.client.responses.stream(**self.kwargs(kw))
 
     def metric(self, name):
-        with urllib.request.urlopen(self.args.base_url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        for line in text.splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError(f"metric {name} not in /metrics")
+        return glmctl_metrics.metric(self.args.base_url, name)
 
 
 @check("non-streamed, with instructions and the request id")
@@ -404,7 +401,7 @@ def _(c):
 
 @check("a stream closed early is cancelled and frees its KV blocks")
 def _(c):
-    cancelled = c.metric('glmctl_engine_requests_finished_total{reason="cancelled"}')
+    cancelled = c.metric(glmctl_metrics.CANCELLED)
     # No max_output_tokens: the answer may run to the end of the context, far
     # longer than reading five events takes even on a loaded machine.
     stream = c.create(stream=True, max_output_tokens=None, temperature=1.0)
@@ -412,22 +409,7 @@ def _(c):
     for _ in range(5):  # created, in_progress, then the first item's added, part added and a delta
         next(it)
     stream.close()
-    # And the client's connection pool: closing the stream alone did not always
-    # close its TCP connection (about 1 run in 8 the server never saw the
-    # client go and generated to the end), and a close the server cannot see is
-    # not what this check is about. A fresh client for whatever runs next.
-    c.client.close()
-    c.client = OpenAI(base_url=c.args.base_url + "/v1", api_key=c.args.api_key, max_retries=0, timeout=60)
-    deadline = time.time() + 15
-    while time.time() < deadline:
-        seen = (c.metric('glmctl_engine_requests_finished_total{reason="cancelled"}') - cancelled,
-                c.metric("glmctl_running_sequences"), c.metric("glmctl_kv_blocks_used"))
-        dbg = {r: c.metric('glmctl_engine_requests_finished_total{reason="%s"}' % r) for r in ("stop", "length", "cancelled", "error")}
-        if seen == (1, 0, 0):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"closed stream not cancelled, or still running or holding KV blocks after 15 s: "
-                         f"(cancelled, running, KV blocks used) = {seen}, want (1, 0, 0); finished {dbg}, cancelled before {cancelled}")
+    glmctl_metrics.wait_one_cancelled(c.args.base_url, cancelled)
 
 
 def main():

@@ -445,8 +445,7 @@ func TestAnthropicClientScripted(t *testing.T) {
 		o.APIKey = "test-key"
 		// So that a stream closed early is still running when the close
 		// arrives: its request asks for the rest of the context (~2,000
-		// tokens, 10 s at 5 ms a step). At 1 ms a step it once finished first
-		// under -race on a loaded 2-core machine (make test, 2026-11-25).
+		// tokens, 10 s at 5 ms a step).
 		b.delay = 5 * time.Millisecond
 	})
 	cmd := exec.Command(py, "../../scripts/anthropic_client_test.py", "--scripted", "--base-url", ts.url, "--api-key", "test-key", "--model", "glm-test")

@@ -84,9 +84,10 @@ func (byteTokenizer) decode(ids []int32, skipSpecial bool) string {
 
 // disconnectStepDelay is the step time of the client-disconnect tests: their
 // requests (400 tokens) would run 10 s, far longer than a closed connection
-// takes to cancel them even under -race on a loaded 2-core machine. At 2 ms a
-// step (0.8 s a request) a non-streamed request once finished before the
-// cancellation reached it (make test, 2026-11-25: FinishedLength 1).
+// takes to cancel them even under -race on a loaded 2-core machine, so a
+// request that finishes with "length" means the cancellation was lost (as it
+// was, about 1 run in 200, before engine.Stream.forward stopped disarming its
+// Cancel hook: TestCloseAlwaysCancels).
 const disconnectStepDelay = 25 * time.Millisecond
 
 // scriptBackend is a deterministic engine.Backend. A prompt holding
