@@ -840,24 +840,11 @@ cudaError_t launch_ws(const StreamGemmArgs& a, int panel, cudaStream_t st) {
     if (e != cudaSuccess) return e;
     sms[dev].store(num_sms, std::memory_order_release);
   }
-  // The weights as a 2-D tensor [groups * N rows][K bytes]; a box is one
-  // stage of one n-tile (BN rows x 128 bytes), 128-byte swizzled like the
-  // cp.async stages. Rows of a box past N (a partial n-tile) belong to the
-  // next group or lie past the end (zero-filled): they only reach channels
-  // that are never stored.
-  const int64_t wrows = (int64_t)a.groups * a.N;
-  if (wrows + C::BN > 0x7fffffff) return cudaErrorInvalidValue;  // TMA coordinates are 32-bit  // TMA coordinates are 32-bit
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (!encode) return cudaErrorNotSupported;
+  // A box is one stage of one n-tile (BN rows x 128 bytes); rows of a box
+  // past N (a partial n-tile) only reach channels that are never stored.
   CUtensorMap map;
-  const cuuint64_t dims[2] = {(cuuint64_t)a.K, (cuuint64_t)wrows};
-  const cuuint64_t strides[1] = {(cuuint64_t)a.K};
-  const cuuint32_t box[2] = {(cuuint32_t)kBK, (cuuint32_t)C::BN};
-  const cuuint32_t estr[2] = {1, 1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a.W), dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return cudaErrorInvalidValue;
+  e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, C::BN);
+  if (e != cudaSuccess) return e;
   // The same m-tile bound as launch_grouped.
   int active = a.group_offsets ? std::min(a.groups, a.M) : 1;
   if (a.group_offsets && a.max_active_groups > 0) active = std::min(active, a.max_active_groups);

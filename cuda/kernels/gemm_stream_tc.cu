@@ -305,19 +305,9 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
     if (e != cudaSuccess) return e;
     ready[dev].store(true, std::memory_order_release);
   }
-  const int64_t wrows = (int64_t)a.groups * a.N;
-  if (wrows + kSwWRows > 0x7fffffff) return cudaErrorInvalidValue;  // TMA coordinates are 32-bit
-  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (!encode) return cudaErrorNotSupported;
   CUtensorMap map;
-  const cuuint64_t dims[2] = {(cuuint64_t)a.K, (cuuint64_t)wrows};
-  const cuuint64_t strides[1] = {(cuuint64_t)a.K};
-  const cuuint32_t box[2] = {(cuuint32_t)kSwBK, (cuuint32_t)kSwWRows};
-  const cuuint32_t estr[2] = {1, 1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(a.W), dims, strides, box, estr,
-             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
-    return cudaErrorInvalidValue;
+  e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, kSwWRows);
+  if (e != cudaSuccess) return e;
   // Token tiles: a bound for the workspace and the grid (ceil(M / NT) plus one
   // partial tile per non-empty group), and the count a typical launch has.
   int active = a.group_offsets ? std::min(a.groups, a.M) : 1;
@@ -348,8 +338,6 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
   return cudaGetLastError();
 }
 
-bool aligned16(const void* p) { return ((uintptr_t)p & 15u) == 0; }
-
 }  // namespace
 
 bool gemm_fp8_stream_tc_supported(int N, int K) { return N > 0 && K > 0 && K % kSwBK == 0; }
@@ -373,8 +361,8 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
        tu.token_tile != 128))
     return cudaErrorInvalidValue;
   if (a.N == 0 || a.M == 0) return cudaSuccess;
-  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y || a.ldy < a.N || !aligned16(a.W) || !aligned16(a.X) ||
-      (ws.partial_floats > 0 && (!ws.partials || !aligned16(ws.partials))) || (ws.n_counters > 0 && !ws.counters))
+  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y || a.ldy < a.N || !is_aligned(a.W, 16) || !is_aligned(a.X, 16) ||
+      (ws.partial_floats > 0 && (!ws.partials || !is_aligned(ws.partials, 16))) || (ws.n_counters > 0 && !ws.counters))
     return cudaErrorInvalidValue;
   int dev = 0, major = 0, sms = 0;
   cudaError_t e = cudaGetDevice(&dev);

@@ -215,5 +215,26 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn.load(std::memory_order_relaxed));
 }
 
+// A TMA tensor map over grouped FP8 weights W as one 2-D tensor [groups * N
+// rows][K bytes], boxes of box_rows rows x 128 bytes, 128-byte swizzled (the
+// layout the wgmma descriptors above read). Rows of a box past a group's N
+// belong to the next group or lie past the end (zero-filled). Returns
+// cudaErrorInvalidValue when the rows exceed TMA's 32-bit coordinates or the
+// encoder refuses, cudaErrorNotSupported without the driver entry point.
+inline cudaError_t encode_weight_map(CUtensorMap* map, const uint8_t* W, int64_t K, int64_t rows, int box_rows) {
+  if (rows + box_rows > 0x7fffffff) return cudaErrorInvalidValue;  // TMA coordinates are 32-bit
+  PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (!encode) return cudaErrorNotSupported;
+  const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows};
+  const cuuint64_t strides[1] = {(cuuint64_t)K};
+  const cuuint32_t box[2] = {128u, (cuuint32_t)box_rows};
+  const cuuint32_t estr[2] = {1, 1};
+  if (encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(W), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
+
 }  // namespace
 }  // namespace glmk
