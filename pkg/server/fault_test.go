@@ -191,9 +191,12 @@ func TestFaultServerFatal(t *testing.T) {
 	ts, _ := faultServer(t, faultinject.Fault{Kind: faultinject.Fatal, Step: 4})
 	answered := 0
 	for i, r := range fire(t, ts, 6, 50) {
-		// A client that connects after the fatal step finds the server gone
-		// (it stops accepting at once): refused, never admitted, not lost.
-		if r.err != nil && strings.Contains(r.err.Error(), "connection refused") {
+		// A client that connects as the fatal step stops the server finds it
+		// gone: refused, or accepted by the kernel's listen backlog and then
+		// closed unread (EOF, reset). That is not a lost request as long as
+		// every request the engine admitted got a reply (checked below).
+		if r.err != nil && (strings.Contains(r.err.Error(), "connection refused") ||
+			strings.Contains(r.err.Error(), "EOF") || strings.Contains(r.err.Error(), "connection reset")) {
 			continue
 		}
 		answered++
@@ -223,6 +226,8 @@ func TestFaultServerFatal(t *testing.T) {
 	}
 	if st := ts.Engine().Stats(); st.KVBlocksUsed != 0 || st.FatalErrors != 1 {
 		t.Errorf("after a fatal error: %d KV blocks used, %d fatal errors", st.KVBlocksUsed, st.FatalErrors)
+	} else if st.RequestsSubmitted > uint64(answered) {
+		t.Errorf("%d requests reached the engine but only %d clients got a reply: some were lost", st.RequestsSubmitted, answered)
 	}
 }
 
