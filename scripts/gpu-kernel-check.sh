@@ -42,7 +42,7 @@ else status=1; note "kernel_check     FAIL: $(grep -c 'FAIL' "$OUT/kernel_check.
 for m in tiny-f32 tiny-bf16g; do
   extra=""; [[ $bench == 1 ]] && extra="--bench"
   if python3 cuda/tests/model_check.py --lib "$BUILD/libglmcuda.so" --model testdata/models/$m \
-       --golden testdata/models/$m.golden.json --fp8-golden pkg/backend/cpu/testdata/$m.fp8.golden.json \
+       --golden testdata/models/$m.golden.json --fp8-golden testdata/models/$m.fp8.golden.json \
        $extra >"$OUT/model_check_$m.log" 2>&1; then
     note "model_check $m  ok"
   else status=1; note "model_check $m  FAIL (see model_check_$m.log)"; fi

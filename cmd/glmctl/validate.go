@@ -26,8 +26,14 @@ step, checking the backend's greedy token at every step. A token mismatch counts
 reference's top-1 margin is above the margin threshold. Tolerances (docs/validation.md) are
 stricter on the exact float32 path than with --fp8-activations.
 
-Without --golden it uses DIR.golden.json when that file exists. It exits 2 naming the worst
-case when a golden file is not matched, and 1 on any other error.`,
+An FP8 golden (DIR.fp8.golden.json, "numerics": "fp8-gpu") holds what the GPU's FP8 path
+computes (scripts/make_fp8_golden.py); it checks the FP8 path (--fp8-activations, or the CUDA
+backend without --cuda-exact) tightly: half of its cases must agree to 1e-5, the rest stay
+within FP8 noise.
+
+Without --golden it uses DIR.golden.json, and on the FP8 path DIR.fp8.golden.json too, when
+they exist. It exits 2 naming the worst case when a golden file is not matched, and 1 on any
+other error.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return a.runValidate(cmd)
@@ -35,7 +41,7 @@ case when a golden file is not matched, and 1 on any other error.`,
 	}
 	f := cmd.Flags()
 	f.String("model", "", "model directory (config.json, index, shards)")
-	f.StringSlice("golden", nil, "golden file(s); repeat the flag or give a comma-separated list (default DIR.golden.json)")
+	f.StringSlice("golden", nil, "golden file(s); repeat the flag or give a comma-separated list (default DIR.golden.json, plus DIR.fp8.golden.json on the FP8 path)")
 	addBackendFlags(f)
 	f.Float64("tolerance", 0, "max relative L2 error of the last logits (0 = the default for the path)")
 	f.Float64("margin-threshold", -1, "reference margin above which a token mismatch fails (-1 = the default for the path)")
@@ -73,8 +79,17 @@ func (a *app) runValidate(cmd *cobra.Command) error {
 		return errors.New("--model: a model directory is required")
 	}
 	dir = filepath.Clean(dir)
+	tolOverride := v.GetFloat64("tolerance")
+	if tolOverride != 0 && !(tolOverride > 0) {
+		return fmt.Errorf("--tolerance: %v must be > 0", tolOverride)
+	}
+	marginOverride := v.GetFloat64("margin-threshold")
+	if marginOverride != -1 && !(marginOverride >= 0) {
+		return fmt.Errorf("--margin-threshold: %v must be >= 0", marginOverride)
+	}
 	files := v.GetStringSlice("golden")
-	if len(files) == 0 {
+	defaults := len(files) == 0
+	if defaults {
 		def := dir + ".golden.json"
 		if _, err := os.Stat(def); err != nil {
 			return fmt.Errorf("--golden: no golden file given and the default %s is not there: %w", def, err)
@@ -101,21 +116,28 @@ func (a *app) runValidate(cmd *cobra.Command) error {
 	// held to the FP8 tolerances; --cuda-exact runs it at validation
 	// precision, held to the exact ones.
 	fp8 := v.GetBool("fp8-activations") || (info.Name == "cuda" && !v.GetBool("cuda-exact"))
-	tol := golden.ExactTolerances
-	if fp8 {
-		tol = golden.FP8Tolerances
-	}
-	if t := v.GetFloat64("tolerance"); t != 0 {
-		if !(t > 0) {
-			return fmt.Errorf("--tolerance: %v must be > 0", t)
+	if def := dir + ".fp8.golden.json"; defaults && fp8 {
+		if _, err := os.Stat(def); err == nil {
+			g, err := golden.Load(def)
+			if err != nil {
+				return err
+			}
+			goldens = append(goldens, g)
 		}
-		tol.MaxRelL2 = t
 	}
-	if m := v.GetFloat64("margin-threshold"); m != -1 {
-		if !(m >= 0) {
-			return fmt.Errorf("--margin-threshold: %v must be >= 0", m)
+	tols := make([]golden.Tolerances, len(goldens))
+	for i, g := range goldens {
+		tol, err := golden.TolerancesFor(g, fp8)
+		if err != nil {
+			return err
 		}
-		tol.MarginThreshold = m
+		if tolOverride != 0 {
+			tol.MaxRelL2 = tolOverride
+		}
+		if marginOverride != -1 {
+			tol.MarginThreshold = marginOverride
+		}
+		tols[i] = tol
 	}
 	if a.log != nil {
 		a.log.Info("validate", "model", dir, "backend", info.Name, "device", info.Device, "goldens", len(goldens))
@@ -128,8 +150,8 @@ func (a *app) runValidate(cmd *cobra.Command) error {
 		cases += len(g.Cases)
 	}
 	bar := a.progress("validate cases", int64(cases), false)
-	for _, g := range goldens {
-		rep, err := golden.Compare(cmd.Context(), be, g, golden.Options{Tolerances: tol, ModelName: modelName(dir),
+	for i, g := range goldens {
+		rep, err := golden.Compare(cmd.Context(), be, g, golden.Options{Tolerances: tols[i], ModelName: modelName(dir),
 			OnCase: func(int, int) { bar.Add(1) }})
 		if err != nil {
 			errs = append(errs, err)
@@ -179,8 +201,13 @@ func printValidate(w io.Writer, o *validateOutput) error {
 	}
 	fmt.Fprintf(w, "Model %s, %s backend: %s; %s path\n", o.Model, o.Backend, o.Device, mode)
 	for _, r := range o.Reports {
-		fmt.Fprintf(w, "\nGolden %s\n  made for %s by %s\n  tolerances: relative L2 <= %.3g, token mismatches counted where the reference margin > %.3g\n\n",
+		fmt.Fprintf(w, "\nGolden %s\n  made for %s by %s\n  tolerances: relative L2 <= %.3g, token mismatches counted where the reference margin > %.3g\n",
 			r.Golden, r.Model, r.Reference, r.Tolerances.MaxRelL2, r.Tolerances.MarginThreshold)
+		if t := r.Tolerances; t.MinAgreeFraction > 0 {
+			fmt.Fprintf(w, "  agreement: %d of %d cases within %.0e (want at least %.0f%%)\n",
+				r.Agreeing, len(r.Cases), t.AgreeRelL2, 100*t.MinAgreeFraction)
+		}
+		fmt.Fprintln(w)
 		rows := make([][]string, 0, len(r.Cases))
 		for _, c := range r.Cases {
 			top1 := "yes"

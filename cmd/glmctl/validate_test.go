@@ -34,10 +34,23 @@ func TestValidate(t *testing.T) {
 		{
 			// The tiny models are conditioned so that FP8 activations meet
 			// issue 3's criterion against the float32 goldens (docs/validation.md).
-			name:   "FP8 activations pass the float32 golden with the FP8 tolerances",
-			args:   []string{"validate", "--model", tinyF32, "--backend", "cpu", "--fp8-activations"},
-			code:   0,
-			stdout: []string{"FP8 activations path", "relative L2 <= 0.03", "reference margin > 0.05", "PASS: 6 of 6 cases passed"},
+			name: "FP8 activations pass the float32 golden with the FP8 tolerances and the FP8 golden",
+			args: []string{"validate", "--model", tinyF32, "--backend", "cpu", "--fp8-activations"},
+			code: 0,
+			stdout: []string{"FP8 activations path", "relative L2 <= 0.03", "reference margin > 0.05", "PASS: 6 of 6 cases passed",
+				"Golden " + tinyF32 + ".fp8.golden.json", "relative L2 <= 0.02", "cases within 1e-05 (want at least 50%)", "PASS: 30 of 30 cases passed"},
+		},
+		{
+			name:     "the exact path does not pick the FP8 golden",
+			args:     []string{"validate", "--model", tinyF32, "--backend", "cpu"},
+			code:     0,
+			noStdout: []string{".fp8.golden.json"},
+		},
+		{
+			name:   "an FP8 golden on the exact path is refused",
+			args:   []string{"validate", "--model", tinyF32, "--backend", "cpu", "--golden", tinyF32 + ".fp8.golden.json"},
+			code:   1,
+			stderr: []string{"golden file " + tinyF32 + ".fp8.golden.json holds the GPU's FP8 arithmetic", "--fp8-activations"},
 		},
 		{
 			name:   "a tolerance nobody meets fails with exit 2 naming the worst case",

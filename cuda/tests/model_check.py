@@ -530,7 +530,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--model", required=True)
     ap.add_argument("--golden", required=True)
-    ap.add_argument("--fp8-golden", help="FP8-activation reference (pkg/backend/cpu/testdata/<model>.fp8.golden.json)")
+    ap.add_argument("--fp8-golden", help="the FP8 path's golden (testdata/models/<model>.fp8.golden.json)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--bench", action="store_true")
     ap.add_argument("--tp", type=int, default=1, help="GPUs (tensor + expert parallel)")
@@ -547,37 +547,29 @@ def main():
     if not a.quick:
         run_batched(eng, golden, single, f"{name} exact", True)
     eng.close()
-    # 2. FP8 activations at FP32 KV / lm_head precision against the independent
-    #    float64 FP8 forward. FP8 rounding is discontinuous, so two correct
-    #    implementations agree case by case (docs/validation.md): at least half
-    #    of the cases must agree to float32 rounding.
-    if fp8_golden and not a.quick:
-        eng = Engine(a.lib, a.model, exact=False, fp32=True, tp=a.tp)
-        eng.load_all()
-        _, errs = run_golden(eng, fp8_golden, name, False, 1.0, FP8_MARGIN, f"{name} fp8/fp32kv-ref", check=False)
-        errs = sorted(errs)
-        within = sum(e <= 1e-5 for e in errs)
-        if a.tp == 1:
-            report(f"{name} fp8 (fp32 KV) vs FP8 ref", f"{len(errs)} cases: {within} within 1e-5 (need half); median",
-                   errs[len(errs) // 2], 1e-5, ok=2 * within >= len(errs))
-        else:
-            # Row-parallel linears (o_proj, dense down) quantize each GPU's input
-            # slice with its own per-token scale, as vLLM does: not the
-            # single-GPU arithmetic of the reference, so report only.
-            print(f"  {name} fp8 (fp32 KV) vs FP8 reference: median rel L2 {errs[len(errs) // 2]:.4f}, "
-                  f"{within}/{len(errs)} within 1e-5 (per-GPU activation scales under tensor parallelism)")
-        eng.close()
-    # 3. The real path: FP8 activations, BF16 KV cache, BF16 lm_head.
+    # 2. The real path: FP8 activations, BF16 KV cache, BF16 lm_head.
     eng = Engine(a.lib, a.model, exact=False, fp32=False, tp=a.tp)
     eng.load_all()
     # The tiny models are conditioned so FP8 noise flips no routing decision
     # (docs/golden.md): the real path is held to the FP8 tolerances.
     single, _ = run_golden(eng, golden, name, a.quick, FP8_REL_L2, FP8_MARGIN, f"{name} fp8", check=True)
     if fp8_golden and not a.quick:
-        _, errs = run_golden(eng, fp8_golden, name, False, 1.0, FP8_MARGIN, f"{name} fp8-ref", check=False)
+        # The FP8 golden rounds where this path rounds (scripts/make_fp8_golden.py).
+        # FP8 rounding is discontinuous, so two correct implementations agree
+        # case by case (docs/validation.md): golden.FP8GoldenTolerances asks half
+        # of the cases within 1e-5 and every case within 2e-2.
+        _, errs = run_golden(eng, fp8_golden, name, False, 1.0, FP8_MARGIN, f"{name} fp8-golden", check=False)
         errs = sorted(errs)
-        print(f"  {name} fp8 (bf16 KV) vs FP8 reference: median rel L2 {errs[len(errs) // 2]:.4f}, "
-              f"{sum(e <= 1e-2 for e in errs)}/{len(errs)} within 1e-2")
+        within = sum(e <= 1e-5 for e in errs)
+        if a.tp == 1:
+            report(f"{name} fp8 vs FP8 golden", f"{len(errs)} cases: {within} within 1e-5 (need half); worst",
+                   errs[-1], 2e-2, ok=2 * within >= len(errs) and errs[-1] <= 2e-2)
+        else:
+            # Row-parallel linears (o_proj, dense down) quantize each GPU's input
+            # slice with its own per-token scale, as vLLM does: not the
+            # single-GPU arithmetic of the golden, so report only.
+            print(f"  {name} fp8 vs FP8 golden: median rel L2 {errs[len(errs) // 2]:.4f}, "
+                  f"{within}/{len(errs)} within 1e-5 (per-GPU activation scales under tensor parallelism)")
     if not a.quick:
         run_batched(eng, golden, single, f"{name} fp8", False)
         run_sampling(eng, golden, name)

@@ -19,6 +19,15 @@ type Tolerances struct {
 	// failure only where the reference's top-1 minus top-2 logit margin is
 	// above this; closer calls are reported as tolerated.
 	MarginThreshold float64 `json:"margin_threshold"`
+	// MinAgreeFraction, when above 0, also requires that fraction of the
+	// cases to agree with the reference to AgreeRelL2 (relative L2 of the
+	// last logits). Two correct FP8 implementations agree to float32 level on
+	// every case where no activation lies within float rounding of an FP8 or
+	// BF16 rounding boundary, and only to FP8-noise level on the others; an
+	// arithmetic that differs anywhere (a scale rule, a rounding point, a
+	// tile schedule) moves every case.
+	MinAgreeFraction float64 `json:"min_agree_fraction,omitempty"`
+	AgreeRelL2       float64 `json:"agree_rel_l2,omitempty"`
 }
 
 // Default tolerances.
@@ -29,7 +38,31 @@ var (
 	// FP8Tolerances are for per-token dynamic FP8 activation quantization,
 	// which perturbs every quantized linear's input by up to 2^-4 relative.
 	FP8Tolerances = Tolerances{MaxRelL2: 3e-2, MarginThreshold: 5e-2}
+	// FP8GoldenTolerances are for the FP8 path against an FP8 golden
+	// (NumericsFP8GPU: a reference that rounds where the GPU path rounds).
+	// Half of the cases must agree to 1e-5 (measured: 19–25 of 30 at
+	// ~3e-7, CPU and H100 alike); a case where the two pick neighbouring
+	// codes somewhere lands at FP8-noise level, 1e-4 to 1.2e-2 on the tiny
+	// models (docs/validation.md), and is held to 2e-2.
+	FP8GoldenTolerances = Tolerances{MaxRelL2: 2e-2, MarginThreshold: 5e-2, MinAgreeFraction: 0.5, AgreeRelL2: 1e-5}
 )
+
+// TolerancesFor returns the default tolerances for checking a backend
+// against f: fp8Path says whether the backend quantizes activations to FP8
+// (the CUDA backend's real path, or the CPU backend's FP8 path). An FP8
+// golden describes the FP8 path only, so it is refused for an exact one.
+func TolerancesFor(f *File, fp8Path bool) (Tolerances, error) {
+	switch {
+	case f.Numerics == NumericsFP8GPU && fp8Path:
+		return FP8GoldenTolerances, nil
+	case f.Numerics == NumericsFP8GPU:
+		return Tolerances{}, fmt.Errorf("golden file %s holds the GPU's FP8 arithmetic (numerics %q); it checks the FP8 path only (--fp8-activations, or the CUDA backend without --cuda-exact)", f.Path, f.Numerics)
+	case fp8Path:
+		return FP8Tolerances, nil
+	default:
+		return ExactTolerances, nil
+	}
+}
 
 // Options configures Compare.
 type Options struct {
@@ -83,7 +116,10 @@ type Report struct {
 	Device     string       `json:"device"`
 	Tolerances Tolerances   `json:"tolerances"`
 	Cases      []CaseResult `json:"cases"`
-	Pass       bool         `json:"pass"`
+	// Agreeing counts the cases within Tolerances.AgreeRelL2 (when
+	// Tolerances.MinAgreeFraction is set).
+	Agreeing int  `json:"agreeing,omitempty"`
+	Pass     bool `json:"pass"`
 	// Worst is the index in Cases of the worst case: a failed one if any,
 	// else the one closest to the logit tolerance.
 	Worst int `json:"worst"`
@@ -96,6 +132,10 @@ func (r *Report) Err() error {
 		return nil
 	}
 	failed := r.NumFailed()
+	if failed == 0 {
+		return fmt.Errorf("golden %s (model %s) on the %s backend: only %d of %d cases agree with the reference to %.0e relative L2, want at least %.0f%%: the arithmetic differs from the reference's",
+			r.Golden, r.Model, r.Backend, r.Agreeing, len(r.Cases), r.Tolerances.AgreeRelL2, 100*r.Tolerances.MinAgreeFraction)
+	}
 	w := r.Cases[r.Worst]
 	return fmt.Errorf("golden %s (model %s) on the %s backend: %d of %d cases failed; worst is case %d (%d prompt tokens): %s",
 		r.Golden, r.Model, r.Backend, failed, len(r.Cases), w.Case, w.PromptLen, strings.Join(w.Failures, "; "))
@@ -124,8 +164,9 @@ func Compare(ctx context.Context, be engine.Backend, f *File, opt Options) (*Rep
 			name, f.Model, v, info.Name, info.VocabSize)
 	}
 	tol := opt.Tolerances
-	if tol.MaxRelL2 <= 0 || tol.MarginThreshold < 0 {
-		return nil, fmt.Errorf("golden: tolerances %+v: max rel L2 must be > 0 and the margin threshold >= 0", tol)
+	if tol.MaxRelL2 <= 0 || tol.MarginThreshold < 0 || tol.MinAgreeFraction < 0 || tol.MinAgreeFraction > 1 ||
+		(tol.MinAgreeFraction > 0 && tol.AgreeRelL2 <= 0) {
+		return nil, fmt.Errorf("golden: tolerances %+v: max rel L2 must be > 0, the margin threshold >= 0, the agreeing fraction in [0, 1] with an agreement error > 0", tol)
 	}
 	r := &Report{
 		Golden: name, Model: f.Model, Reference: f.Reference,
@@ -152,6 +193,12 @@ func Compare(ctx context.Context, be engine.Backend, f *File, opt Options) (*Rep
 		if worse(c, r.Cases[r.Worst], tol) {
 			r.Worst = i
 		}
+		if tol.MinAgreeFraction > 0 && c.RelL2 <= tol.AgreeRelL2 {
+			r.Agreeing++
+		}
+	}
+	if tol.MinAgreeFraction > 0 && float64(r.Agreeing) < tol.MinAgreeFraction*float64(len(r.Cases)) {
+		r.Pass = false
 	}
 	return r, nil
 }

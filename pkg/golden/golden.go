@@ -18,11 +18,21 @@ import (
 type File struct {
 	Model     string `json:"model"`     // base name of the model directory it was made for
 	Reference string `json:"reference"` // what produced it
-	Cases     []Case `json:"cases"`
+	// Numerics is the arithmetic the reference computed: NumericsFloat32
+	// (absent in the file: transformers in float32 with dequantized weights)
+	// or NumericsFP8GPU (the GPU's FP8 path, scripts/make_fp8_golden.py).
+	Numerics string `json:"numerics,omitempty"`
+	Cases    []Case `json:"cases"`
 
 	// Path is where the file was loaded from (not part of the JSON).
 	Path string `json:"-"`
 }
+
+// The arithmetic of a golden file's reference (File.Numerics).
+const (
+	NumericsFloat32 = ""
+	NumericsFP8GPU  = "fp8-gpu"
+)
 
 // Case is one prompt with its reference outputs.
 type Case struct {
@@ -60,6 +70,7 @@ func Load(path string) (*File, error) {
 type rawFile struct {
 	Model     *string    `json:"model"`
 	Reference *string    `json:"reference"`
+	Numerics  *string    `json:"numerics"`
 	Cases     *[]rawCase `json:"cases"`
 }
 
@@ -71,7 +82,7 @@ type rawCase struct {
 }
 
 // Parse decodes and validates a golden document: the exact keys model,
-// reference and cases[] with prompt_token_ids, last_logits,
+// reference, optionally numerics, and cases[] with prompt_token_ids, last_logits,
 // greedy_token_ids and greedy_margins; unknown keys are rejected.
 func Parse(b []byte) (*File, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -96,6 +107,14 @@ func Parse(b []byte) (*File, error) {
 		return nil, errors.New(`field "cases": missing or empty`)
 	}
 	f := &File{Model: *raw.Model, Reference: *raw.Reference}
+	if raw.Numerics != nil {
+		switch *raw.Numerics {
+		case NumericsFP8GPU:
+			f.Numerics = *raw.Numerics
+		default:
+			return nil, fmt.Errorf(`field "numerics": %q is not a known reference arithmetic (want %q, or no field for float32)`, *raw.Numerics, NumericsFP8GPU)
+		}
+	}
 	vocab := 0
 	for i, rc := range *raw.Cases {
 		c, err := checkCase(rc)

@@ -354,3 +354,95 @@ func TestCompareRefuses(t *testing.T) {
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) <= 1e-6*math.Max(1, math.Abs(b)) }
+
+func TestNumerics(t *testing.T) {
+	doc := strings.Replace(validDoc, `"reference":"hand-made",`, `"reference":"hand-made","numerics":"fp8-gpu",`, 1)
+	f, err := Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Numerics != NumericsFP8GPU {
+		t.Fatalf("numerics %q", f.Numerics)
+	}
+	bad := strings.Replace(validDoc, `"reference":"hand-made",`, `"reference":"hand-made","numerics":"bf16",`, 1)
+	if _, err := Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), `field "numerics": "bf16" is not a known`) {
+		t.Fatalf("unknown numerics: err %v", err)
+	}
+	plain, err := Parse([]byte(validDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Path = "m.fp8.golden.json"
+	tests := []struct {
+		name    string
+		f       *File
+		fp8     bool
+		want    Tolerances
+		wantErr string
+	}{
+		{"float32 golden, exact path", plain, false, ExactTolerances, ""},
+		{"float32 golden, FP8 path", plain, true, FP8Tolerances, ""},
+		{"FP8 golden, FP8 path", f, true, FP8GoldenTolerances, ""},
+		{"FP8 golden, exact path", f, false, Tolerances{}, "golden file m.fp8.golden.json holds the GPU's FP8 arithmetic"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := TolerancesFor(tt.f, tt.fp8)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// The agreement criterion: with MinAgreeFraction set, every case may pass its
+// own tolerance and the report still fails when too few cases agree closely.
+func TestCompareAgreement(t *testing.T) {
+	f, err := Parse([]byte(validDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Path = "x.fp8.golden.json"
+	tol := Tolerances{MaxRelL2: 1e-2, MarginThreshold: 5e-2, MinAgreeFraction: 0.5, AgreeRelL2: 1e-5}
+	tests := []struct {
+		name     string
+		noisy    map[int]bool // cases whose last logits get ~1e-3 relative noise
+		pass     bool
+		agreeing int
+	}{
+		{"all agree", nil, true, 2},
+		{"half agree", map[int]bool{1: true}, true, 1},
+		{"none agree", map[int]bool{0: true, 1: true}, false, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			be := newFake(f, 8)
+			be.tweak = func(c, step int, logits []float32, _ *int32) {
+				if step == 0 && tt.noisy[c] {
+					logits[0] += 0.004
+				}
+			}
+			rep, err := Compare(context.Background(), be, f, Options{Tolerances: tol})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rep.Pass != tt.pass || rep.Agreeing != tt.agreeing || rep.NumFailed() != 0 {
+				t.Fatalf("pass %v agreeing %d failed %d, want pass %v agreeing %d and no failed case", rep.Pass, rep.Agreeing, rep.NumFailed(), tt.pass, tt.agreeing)
+			}
+			if err := rep.Err(); (err == nil) != tt.pass {
+				t.Fatalf("Err() = %v with pass %v", err, tt.pass)
+			} else if err != nil && !strings.Contains(err.Error(), "only 0 of 2 cases agree with the reference to 1e-05 relative L2, want at least 50%") {
+				t.Fatalf("Err() = %v", err)
+			}
+		})
+	}
+	if _, err := Compare(context.Background(), newFake(f, 8), f, Options{Tolerances: Tolerances{MaxRelL2: 1, MinAgreeFraction: 0.5}}); err == nil {
+		t.Fatal("an agreement fraction without an agreement error was accepted")
+	}
+}

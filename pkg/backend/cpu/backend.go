@@ -9,7 +9,12 @@
 // scripts/make_golden.py and the transformers reference do), and computes
 // everything in float32. With Options.FP8Activations every quantized linear
 // instead keeps the FP8 weight codes and their row scales apart and quantizes
-// its input per token (spec §4.3), which is what the GPU path does.
+// its input per token (spec §4.3), and the backend rounds where the GPU's FP8
+// path rounds (docs/validation.md, "FP8 golden"): K and V are stored as BF16,
+// attention runs in the log2 domain on a BF16 query with BF16 probabilities
+// under the GPU kernels' tile schedules (attention.go), and the final norm's
+// output is rounded to BF16 before lm_head. So this path computes what the
+// CUDA backend computes, up to float32 summation order.
 package cpu
 
 import (
@@ -50,6 +55,16 @@ type Variant struct {
 	RoutingWeightsFromBiased bool
 	// QKNormAfterRoPE applies the per-head q/k RMSNorm after RoPE.
 	QKNormAfterRoPE bool
+	// The FP8 path's arithmetic, each wrong by less than the FP8 rounding
+	// noise (docs/validation.md, "FP8 golden"):
+	// FP8ScaleHeadroom scales activations by amax/440 instead of amax/448
+	// (another scale rule: every code moves, the dequantized values do not).
+	FP8ScaleHeadroom bool
+	// FP8FloatKV keeps K and V in float32 instead of BF16.
+	FP8FloatKV bool
+	// FP8ExactSoftmax computes attention in float32 with unrounded
+	// probabilities (no BF16 query or P, no tile schedule).
+	FP8ExactSoftmax bool
 }
 
 // IsZero reports whether v is the correct model.
@@ -59,7 +74,7 @@ func (v Variant) IsZero() bool { return v == Variant{} }
 type Options struct {
 	KVBlockSize    int     // tokens per KV block; 0 -> 16
 	NumKVBlocks    int     // blocks in the KV pool; 0 -> enough for 8 sequences of max context, capped at 4096
-	FP8Activations bool    // per-token dynamic FP8 activation quantization in every quantized linear (spec §4.3)
+	FP8Activations bool    // the GPU's FP8 path: per-token FP8 activations in every quantized linear (spec §4.3), BF16 KV and attention operands, BF16 lm_head input
 	Threads        int     // worker goroutines; 0 -> runtime.GOMAXPROCS(0)
 	Variant        Variant // test hook: deliberately wrong math (zero value = correct)
 	// OnLoad, if not nil, is called as weights are read, with the

@@ -87,8 +87,9 @@ const (
 
 // quantizeRow quantizes one activation row per token: s = max(amax/448,
 // 1/(448·512)), dst = fp8_rne(clamp(x/s, ±448)) as float32 code values.
-// It returns s.
-func quantizeRow(dst, x []float32) float32 {
+// It returns s. headroom (Variant.FP8ScaleHeadroom, a deliberate bug) takes
+// s = amax/440 instead.
+func quantizeRow(dst, x []float32, headroom bool) float32 {
 	var amax float32
 	for _, v := range x {
 		if a := float32(math.Abs(float64(v))); a > amax {
@@ -96,6 +97,9 @@ func quantizeRow(dst, x []float32) float32 {
 		}
 	}
 	s := max(amax/fp8Max, float32(minActScale))
+	if headroom {
+		s = max(amax/440, float32(minActScale))
+	}
 	for i, v := range x {
 		// Float32ToF8E4M3 clamps to ±448 before rounding to nearest even.
 		dst[i] = safetensors.F8E4M3ToFloat32(safetensors.Float32ToF8E4M3(v / s))

@@ -235,7 +235,7 @@ func TestQuantizeRow(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			q := make([]float32, len(tt.x))
-			s := quantizeRow(q, tt.x)
+			s := quantizeRow(q, tt.x, false)
 			if !near(float64(s), tt.wantScale, 1e-6) {
 				t.Errorf("scale %v, want %v", s, tt.wantScale)
 			}

@@ -173,7 +173,11 @@ func (b *Backend) heads(batch *engine.StepBatch) ([]engine.SeqResult, error) {
 	s.headRows = grow(s.headRows, n*H)
 	for r, i := range s.logitSeqIdx {
 		t := s.last[i]
-		rmsNorm(s.headRows[r*H:(r+1)*H], s.h[t*H:(t+1)*H], b.w.finalNorm, float32(cfg.RMSNormEps))
+		row := s.headRows[r*H : (r+1)*H]
+		rmsNorm(row, s.h[t*H:(t+1)*H], b.w.finalNorm, float32(cfg.RMSNormEps))
+		if b.opts.FP8Activations {
+			roundBF16(row) // the GPU's lm_head is a BF16 GEMM
+		}
 	}
 	s.logits = grow(s.logits, n*V)
 	b.linear(s.logits, s.headRows, n, &b.w.lmHead)
@@ -207,7 +211,7 @@ func (b *Backend) linear(y, x []float32, rows int, l *linear) {
 	if quant {
 		s.xq, s.xs = grow(s.xq, rows*in), grow(s.xs, rows)
 		for t := range rows {
-			s.xs[t] = quantizeRow(s.xq[t*in:(t+1)*in], x[t*in:(t+1)*in])
+			s.xs[t] = quantizeRow(s.xq[t*in:(t+1)*in], x[t*in:(t+1)*in], b.opts.Variant.FP8ScaleHeadroom)
 		}
 		x = s.xq
 	}
@@ -331,8 +335,14 @@ func (b *Backend) writeKV(l int, batch *engine.StepBatch) {
 		for j := range seq.Tokens {
 			p := seq.StartPos + j
 			blk, slot := int(seq.BlockTable[p/bs]), p%bs
-			copy(b.kv[b.kvOffset(blk, l, 0, slot):][:kvDim], s.k[t*kvDim:(t+1)*kvDim])
-			copy(b.kv[b.kvOffset(blk, l, 1, slot):][:kvDim], s.v[t*kvDim:(t+1)*kvDim])
+			k := b.kv[b.kvOffset(blk, l, 0, slot):][:kvDim]
+			v := b.kv[b.kvOffset(blk, l, 1, slot):][:kvDim]
+			copy(k, s.k[t*kvDim:(t+1)*kvDim])
+			copy(v, s.v[t*kvDim:(t+1)*kvDim])
+			if b.opts.FP8Activations && !b.opts.Variant.FP8FloatKV { // the GPU's KV cache is BF16
+				roundBF16(k)
+				roundBF16(v)
+			}
 			t++
 		}
 	}
@@ -343,6 +353,10 @@ func (b *Backend) writeKV(l int, batch *engine.StepBatch) {
 // (read from the pool) times V, with query head h reading KV head
 // h / (NH/NKV) (GQA).
 func (b *Backend) attention(l int, batch *engine.StepBatch, T int) {
+	if b.opts.FP8Activations && !b.opts.Variant.FP8ExactSoftmax {
+		b.attentionGPU(l, batch, T)
+		return
+	}
 	cfg, s, bs := b.cfg, &b.s, b.kvBlockSize
 	D, NH, NKV := cfg.HeadDim, cfg.NumAttentionHeads, cfg.NumKeyValueHeads
 	group := NH / NKV

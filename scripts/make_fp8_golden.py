@@ -1,38 +1,55 @@
 #!/usr/bin/env python3
-"""FP8-activation reference outputs for a tiny GLM-4.7-FP8-layout checkpoint.
+"""FP8 golden outputs for a tiny GLM-4.7-FP8-layout checkpoint: what the GPU's FP8 path computes.
 
 Usage (from the repository root; needs only numpy):
-    python3 pkg/backend/cpu/testdata/make_fp8_reference.py \
-        --model testdata/models/tiny-f32 --out pkg/backend/cpu/testdata/tiny-f32.fp8.golden.json
+    python3 scripts/make_fp8_golden.py --model testdata/models/tiny-f32 \
+        --out testdata/models/tiny-f32.fp8.golden.json
 
 The transformers goldens (scripts/make_golden.py) are float32 with no activation
-quantization. The GPU path, and the CPU backend with FP8Activations, quantize
-the input of every quantized linear per token (docs/model.md §4.3):
+quantization; against them an FP8 path can only be checked to the level of its
+rounding noise (about 1% of the logits on the conditioned tiny models). This
+script is an independent float64 numpy forward that rounds where the CUDA
+runtime's FP8 path (cuda/runtime/step.cu, cuda/kernels/) rounds, so that a
+correct implementation of that path agrees with it to float32 level case by case
+(docs/validation.md, "FP8 golden"):
 
-    s[t]   = max(max_k |x[t,k]| / 448, 1 / (448 * 512))
-    q[t,k] = fp8_e4m3_rne(clamp(x[t,k] / s[t], -448, 448))
-    y[t,n] = (sum_k q[t,k] * W_fp8[n,k]) * s[t] * weight_scale[n] + bias[n]
+  1. Every quantized linear quantizes its input per token (docs/model.md §4.3):
+       s[t]   = max(max_k |x[t,k]| / 448, 1 / (448 * 512))
+       q[t,k] = fp8_e4m3_rne(clamp(x[t,k] / s[t], -448, 448))
+       y[t,n] = (sum_k q[t,k] * W_fp8[n,k]) * s[t] * weight_scale[n] + bias[n]
+     Router, lm_head, norms and embeddings are not quantized.
+  2. The KV cache is BF16: K (after q/k norm and RoPE) and V are rounded to
+     BF16 (round to nearest even) when written.
+  3. Attention runs on BF16 tensor cores in the log2 domain: q is multiplied
+     by log2(e)/sqrt(head_dim) and rounded to BF16; scores s = q'.k are exact
+     products summed in float; P = 2^(s - m) with m the running maximum of the
+     kernel's tile schedule; the normaliser l sums the unrounded P, and O sums
+     BF16(P) . V. The schedule decides m, hence the BF16 rounding of P:
+       - a prompt of two or more tokens (attention_prefill): per query row,
+         64-key tiles from key 0 in order, one running maximum;
+       - a one-token step (attention_decode, every greedy step): 16-key tiles,
+         tile j on warp j % 4, one running maximum per warp, then the warps
+         merged with weights 2^(m_w - M).
+     Both are the kernels' single-split launches: a decode context of at most
+     128 keys and a prompt of at most 256 tokens, which covers every case here.
+  4. The final RMSNorm's output is rounded to BF16 before the BF16 lm_head.
 
-On the conditioned tiny models (docs/golden.md) that noise costs about 1% of the
-logits against the float32 goldens, which check the FP8 path only to that level
-(pkg/golden FP8Tolerances). This script is an independent float64 numpy forward of the same
-model with exactly that quantization. It reads the shards with its own
-safetensors parser and FP8 decoder/encoder, and writes a golden file in the
-format of docs/golden.md: first the prompts of the transformers golden next to
-the model (model + ".golden.json") with a 16-step greedy continuation of its
-own (teacher forcing, whole sequence recomputed per step), then --short cases
-of 1 to 4 random ordinary tokens with 4 greedy steps. FP8 rounding is
-discontinuous, so two correct implementations agree exactly only on cases where
-no activation lands within float rounding of an FP8 rounding boundary; the
-short cases make sure many such cases exist. Router, lm_head, norms and
-embeddings are not quantized.
+The file holds the prompts of the transformers golden next to the model
+(model + ".golden.json") with a 16-step greedy continuation of its own, then
+--short cases of 1 to 4 random ordinary tokens with 4 greedy steps. A greedy
+step is recomputed from scratch over the whole sequence (teacher forcing), each
+position with the attention schedule of the step the engine computes it in:
+the prompt's positions in one prefill step, every later one in a decode step.
 
-It reports the smallest greedy margin and the smallest routing gap (k-th vs
-(k+1)-th biased score, and the group score at the topk_group boundary). A
-routing near-tie makes it refuse to write (a flipped expert changes every
-later number). A greedy near-tie is only reported: the file records each
-step's margin and pkg/golden does not count a mismatch at a step whose
-reference margin is below its threshold.
+FP8 rounding is discontinuous, so two correct implementations agree exactly
+only on cases where no activation lands within float rounding of an FP8 (or
+BF16) rounding boundary; the short cases make sure many such cases exist. The
+script reports the smallest greedy margin and the smallest routing gap
+(k-th vs (k+1)-th biased score, and the group score at the topk_group
+boundary). A routing near-tie makes it refuse to write (a flipped expert
+changes every later number). A greedy near-tie is only reported: the file
+records each step's margin and pkg/golden does not count a mismatch at a step
+whose reference margin is below its threshold.
 """
 
 from __future__ import annotations
@@ -76,6 +93,52 @@ def fp8_rne(v: np.ndarray) -> np.ndarray:
     r = np.where(up, hi, lo)
     r = np.where(a == 0, 0.0, r)
     return np.sign(v) * r
+
+
+def bf16(v: np.ndarray) -> np.ndarray:
+    """The float32 value of v, rounded to BF16 (nearest, ties to even), as float64.
+
+    The GPU rounds float32 values; rounding v to float32 first reproduces that
+    (the float64 -> float32 -> BF16 double rounding differs from it only where v
+    is within float32 rounding of a BF16 boundary, like any float32 reordering)."""
+    u = np.asarray(v, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16 << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+LOG2E = 1.4426950408889634
+DEC_TILE, DEC_WARPS = 16, 4   # attention_decode: 16-key tiles, tile j on warp j % 4
+PF_TILE = 64                  # attention_prefill: 64-key tiles in order
+
+
+def attend(s: np.ndarray, v: np.ndarray, decode: bool) -> np.ndarray:
+    """One query row's attention output from its log2-domain scores s [n] and
+    the BF16 values v [n, D], with the kernel's tile schedule (module doc, 3)."""
+    n = len(s)
+    if decode:
+        tiles = [list(range(w, (n + DEC_TILE - 1) // DEC_TILE, DEC_WARPS)) for w in range(DEC_WARPS)]
+        width = DEC_TILE
+    else:
+        tiles = [list(range((n + PF_TILE - 1) // PF_TILE))]
+        width = PF_TILE
+    ms, ls, os_ = [], [], []
+    for seq in tiles:
+        m, l, o = -math.inf, 0.0, np.zeros(v.shape[1])
+        for j in seq:
+            st, vt = s[j * width:(j + 1) * width], v[j * width:(j + 1) * width]
+            mn = max(m, float(st.max()))
+            al = 2.0 ** (m - mn) if m != -math.inf else 0.0
+            p = 2.0 ** (st - mn)
+            l = l * al + float(p.sum())
+            o = o * al + bf16(p) @ vt
+            m = mn
+        ms.append(m)
+        ls.append(l)
+        os_.append(o)
+    M = max(ms)
+    f = [0.0 if m == -math.inf else 2.0 ** (m - M) for m in ms]
+    L = sum(li * fi for li, fi in zip(ls, f))
+    return sum(oi * fi for oi, fi in zip(os_, f)) / L
 
 
 def load(model_dir: Path) -> dict[str, np.ndarray]:
@@ -126,7 +189,10 @@ class Model:
         g = self.lin(x, p + "gate_proj")
         return self.lin(g / (1 + np.exp(-g)) * self.lin(x, p + "up_proj"), p + "down_proj")
 
-    def forward(self, ids: list[int]) -> np.ndarray:
+    def forward(self, ids: list[int], n_prefill: int) -> np.ndarray:
+        """Logits at every position of ids; positions below n_prefill were
+        computed in one prefill step, the others each in a decode step (the
+        attention schedule, module doc 3)."""
         cfg, w = self.cfg, self.w
         H, NH, NKV, D = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
         eps = cfg["rms_norm_eps"]
@@ -146,7 +212,7 @@ class Model:
             return np.concatenate([r * cos + rh * sin, p], axis=-1)
 
         h = w["model.embed_tokens.weight"][ids]
-        causal = np.triu(np.full((S, S), -np.inf), 1)
+        qscale = LOG2E / math.sqrt(D)
         for L in range(cfg["num_hidden_layers"]):
             p = f"model.layers.{L}."
             a = rms(h, w[p + "input_layernorm.weight"])
@@ -154,20 +220,21 @@ class Model:
             k = self.lin(a, p + "self_attn.k_proj").reshape(S, NKV, D)
             v = self.lin(a, p + "self_attn.v_proj").reshape(S, NKV, D)
             q = rope(rms(q, w[p + "self_attn.q_norm.weight"]))
-            k = rope(rms(k, w[p + "self_attn.k_norm.weight"]))
+            k = bf16(rope(rms(k, w[p + "self_attn.k_norm.weight"])))
+            v = bf16(v)
+            q = bf16(q * qscale)
             o = np.empty((S, NH, D))
             for head in range(NH):
                 kv = head // (NH // NKV)
-                sc = q[:, head] @ k[:, kv].T / math.sqrt(D) + causal
-                sc = np.exp(sc - sc.max(-1, keepdims=True))
-                o[:, head] = (sc / sc.sum(-1, keepdims=True)) @ v[:, kv]
+                for t in range(S):
+                    o[t, head] = attend(k[: t + 1, kv] @ q[t, head], v[: t + 1, kv], t >= n_prefill)
             h = h + self.lin(o.reshape(S, NH * D), p + "self_attn.o_proj")
             m = rms(h, w[p + "post_attention_layernorm.weight"])
             if L < cfg["first_k_dense_replace"]:
                 h = h + self.mlp(m, p + "mlp.")
                 continue
             h = h + self.moe(m, p)
-        return rms(h, w["model.norm.weight"]) @ w["lm_head.weight"].T
+        return bf16(rms(h, w["model.norm.weight"])) @ w["lm_head.weight"].T
 
     def moe(self, m: np.ndarray, p: str) -> np.ndarray:
         cfg, w = self.cfg, self.w
@@ -221,10 +288,13 @@ def main() -> int:
     cases = []
     for ci, (prompt, steps) in enumerate(prompts):
         model.min_gap = math.inf
-        last = model.forward(prompt)[-1]
+        # pkg/golden sends the prompt as one step: the prefill kernel from two
+        # tokens on, the decode kernel for a one-token prompt.
+        n_prefill = len(prompt) if len(prompt) > 1 else 0
+        last = model.forward(prompt, n_prefill)[-1]
         seq, tokens, margins = list(prompt), [], []
         for step in range(steps):
-            logits = last if step == 0 else model.forward(seq)[-1]
+            logits = last if step == 0 else model.forward(seq, n_prefill)[-1]
             order = np.argsort(-logits, kind="stable")
             tokens.append(int(order[0]))
             margins.append(float(logits[order[0]] - logits[order[1]]))
@@ -244,9 +314,11 @@ def main() -> int:
         })
     doc = {
         "model": args.model.resolve().name,
-        "reference": f"numpy {np.__version__} float64 forward with per-token dynamic FP8 activation "
-                     "quantization of every quantized linear (docs/model.md §4.3), "
-                     "pkg/backend/cpu/testdata/make_fp8_reference.py",
+        "reference": f"numpy {np.__version__} float64 forward rounding where the GPU's FP8 path does: "
+                     "per-token FP8 activations of every quantized linear (docs/model.md §4.3), BF16 KV "
+                     "cache, BF16 attention operands with the kernels' tile schedules, BF16 lm_head input; "
+                     "scripts/make_fp8_golden.py",
+        "numerics": "fp8-gpu",
         "cases": cases,
     }
     args.out.write_text(json.dumps(doc, separators=(",", ":")) + "\n")
