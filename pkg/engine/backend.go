@@ -86,6 +86,12 @@ type StepSeq struct {
 	// WantLogits returns the float32 logits at the last position in
 	// SeqResult.Logits (validation and tests).
 	WantLogits bool
+	// AllowedTokens, when not nil, is a bitmask of the tokens the sample may
+	// take (bit i%32 of word i/32 for token i; MaskWords(vocab) words): the
+	// others are set to -Inf after the penalties, before temperature and the
+	// filters. Logprobs stay those of the raw logits. Read only when Sample
+	// is set; the backend must not keep it past the call.
+	AllowedTokens []uint32
 }
 
 // SamplingParams are per-request sampling settings (OpenAI/vLLM semantics).

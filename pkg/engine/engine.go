@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -179,13 +180,17 @@ func (e *Engine) newSequence(req *Request) (*sequence, error) {
 		params.Seed, params.HasSeed = rand.Int64(), true
 	}
 	seq := &sequence{
-		label:     req.Label,
-		tokens:    slices.Clone(req.PromptTokens),
-		numPrompt: len(req.PromptTokens),
-		params:    params,
-		maxTokens: req.MaxTokens,
-		maxLen:    e.lim.MaxModelLen,
-		wantLogit: req.ReturnLogits,
+		label:      req.Label,
+		tokens:     slices.Clone(req.PromptTokens),
+		numPrompt:  len(req.PromptTokens),
+		params:     params,
+		maxTokens:  req.MaxTokens,
+		maxLen:     e.lim.MaxModelLen,
+		wantLogit:  req.ReturnLogits,
+		constraint: req.Constraint,
+	}
+	if seq.constraint != nil {
+		seq.mask = make([]uint32, MaskWords(vocab))
 	}
 	seq.stopIDs = slices.Clone(req.StopTokenIDs)
 	if !req.IgnoreEOS {
@@ -287,6 +292,23 @@ func (e *Engine) drain() {
 // error only when ctx ended during the step.
 func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 	batch := &StepBatch{Seqs: make([]StepSeq, len(sched))}
+	if bad := e.fillMasks(sched); len(bad) > 0 {
+		// A constraint that cannot say what comes next fails its request
+		// alone; the step goes on without it.
+		kept := sched[:0:0]
+		for _, sc := range sched {
+			if err, ok := bad[sc.seq]; ok {
+				e.finish(sc.seq, Event{}, FinishError, err)
+				continue
+			}
+			kept = append(kept, sc)
+		}
+		sched = kept
+		batch.Seqs = batch.Seqs[:len(sched)]
+		if len(sched) == 0 {
+			return nil
+		}
+	}
 	for i, sc := range sched {
 		seq := sc.seq
 		start, end := seq.numComputed, seq.numComputed+sc.numTokens
@@ -301,6 +323,9 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 			PromptTokens: seq.tokens[:seq.numPrompt:seq.numPrompt],
 			OutputTokens: seq.tokens[seq.numPrompt:len(seq.tokens):len(seq.tokens)],
 			WantLogits:   sc.sample && seq.wantLogit,
+		}
+		if sc.sample && seq.constraint != nil {
+			batch.Seqs[i].AllowedTokens = seq.mask
 		}
 	}
 	t0 := time.Now()
@@ -423,6 +448,10 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 		e.finish(seq, Event{}, FinishError, fmt.Errorf("backend sampled token %d, outside the vocabulary (size %d)", tok, e.lim.VocabSize))
 		return
 	}
+	if seq.constraint != nil && !Allowed(seq.mask, tok) {
+		e.finish(seq, Event{}, FinishError, fmt.Errorf("backend sampled token %d, which the request's constraint does not allow", tok))
+		return
+	}
 	seq.tokens = append(seq.tokens, tok)
 	e.stats.GeneratedTokens++
 	ev := Event{HasToken: true, Token: tok, StopToken: -1}
@@ -437,6 +466,14 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 		e.finish(seq, ev, FinishStop, nil)
 		return
 	}
+	constraintDone := false
+	if seq.constraint != nil {
+		if err := seq.constraint.Accept(tok); err != nil {
+			e.finish(seq, ev, FinishError, fmt.Errorf("constraint: token %d: %w", tok, err))
+			return
+		}
+		constraintDone = seq.constraint.Done()
+	}
 	if seq.text != nil {
 		text, stop, err := seq.text.push(tok)
 		if err != nil {
@@ -450,11 +487,65 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 			return
 		}
 	}
+	if constraintDone {
+		// The output is complete (e.g. the JSON value closed): nothing but a
+		// stop token could follow.
+		e.finish(seq, ev, FinishStop, nil)
+		return
+	}
 	if (seq.maxTokens > 0 && len(seq.output()) >= seq.maxTokens) || len(seq.tokens) >= seq.maxLen {
 		e.finish(seq, ev, FinishLength, nil)
 		return
 	}
 	e.emit(seq, ev)
+}
+
+// fillMasks refills the token mask of every constrained sequence that
+// samples this step, concurrently (a grammar's mask costs tens of
+// microseconds to milliseconds), and returns the sequences whose constraint
+// failed.
+func (e *Engine) fillMasks(sched []scheduledSeq) map[*sequence]error {
+	var todo []*sequence
+	for _, sc := range sched {
+		if sc.sample && sc.seq.constraint != nil {
+			todo = append(todo, sc.seq)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	errs := make([]error, len(todo))
+	fill := func(i int) {
+		if err := todo[i].constraint.FillMask(todo[i].mask); err != nil {
+			errs[i] = fmt.Errorf("constraint: next-token mask: %w", err)
+		}
+	}
+	if len(todo) == 1 {
+		fill(0)
+	} else {
+		var wg sync.WaitGroup
+		next := atomic.Int64{}
+		for range min(len(todo), runtime.GOMAXPROCS(0)) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := int(next.Add(1) - 1); i < len(todo); i = int(next.Add(1) - 1) {
+					fill(i)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	var bad map[*sequence]error
+	for i, err := range errs {
+		if err != nil {
+			if bad == nil {
+				bad = map[*sequence]error{}
+			}
+			bad[todo[i]] = err
+		}
+	}
+	return bad
 }
 
 // finish ends a request: frees its blocks now, flushes held-back text and
@@ -467,6 +558,10 @@ func (e *Engine) finish(seq *sequence, ev Event, reason FinishReason, err error)
 		seq.started = true
 	}
 	e.sched.remove(seq)
+	if seq.constraint != nil {
+		seq.constraint.Close()
+		seq.constraint = nil
+	}
 	if !ev.HasToken {
 		ev.StopToken = -1
 	}

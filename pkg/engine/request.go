@@ -24,6 +24,41 @@ type Request struct {
 	// ReturnLogits attaches the raw logits of every sampled position to its
 	// event (validation and tests; costly for real vocabularies).
 	ReturnLogits bool
+	// Constraint, if not nil, limits every generated token to those it allows
+	// (structured outputs: JSON schema, regex, grammar). The request finishes
+	// with FinishStop once the constraint is Done. When Submit succeeds the
+	// engine owns it and closes it as the request ends; when Submit fails the
+	// caller still owns it.
+	Constraint Constraint
+}
+
+// Constraint is a per-request token constraint, e.g. a grammar matcher
+// (pkg/grammar). The engine calls it from its loop only, never concurrently
+// for one request.
+type Constraint interface {
+	// FillMask writes the tokens allowed next into dst, one bit per token id
+	// (bit i%32 of dst[i/32]); len(dst) is MaskWords(vocab size).
+	FillMask(dst []uint32) error
+	// Accept advances past a generated token.
+	Accept(token int32) error
+	// Done reports that the constraint is complete: nothing but a stop may
+	// follow.
+	Done() bool
+	// Close releases the constraint's resources.
+	Close()
+}
+
+// MaskWords is the length of a token bitmask over a vocabulary of n ids.
+func MaskWords(n int) int { return (n + 31) / 32 }
+
+// Allowed reports whether a token bitmask allows token t (a nil mask allows
+// every token).
+func Allowed(mask []uint32, t int32) bool {
+	if mask == nil {
+		return true
+	}
+	i := int(t) >> 5
+	return t >= 0 && i < len(mask) && mask[i]>>(uint(t)&31)&1 != 0
 }
 
 // Limits on stop strings, to bound the per-token matching work.

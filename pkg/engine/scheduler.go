@@ -32,6 +32,11 @@ type sequence struct {
 	numRegistered int // leading blocks already offered to the prefix cache
 	cachedPrompt  int // prompt tokens found in the prefix cache at first admission
 
+	// constraint limits the generated tokens (structured outputs); mask is
+	// its bitmask for the next token, refilled before every sampling step.
+	constraint Constraint
+	mask       []uint32
+
 	text   *textState // nil without a detokenizer
 	stream *Stream
 	events []Event // produced this iteration, delivered at the next flush

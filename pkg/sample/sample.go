@@ -1,7 +1,8 @@
 // Package sample turns one position's logits into the next token, the way the
 // CPU backend does it (the CUDA backend implements the same rules on the GPU).
 //
-// Order (vLLM v1): penalties on the raw logits -> greedy argmax, or
+// Order (vLLM v1): penalties on the raw logits -> the token mask of a
+// constrained request (disallowed tokens to -Inf) -> greedy argmax, or
 // temperature -> min-p -> top-k -> top-p -> one draw by inverse CDF with a
 // counter-based uniform keyed by (seed, sample index). Logprobs are the
 // log-softmax of the raw logits, before penalties and temperature (vLLM's
@@ -9,6 +10,7 @@
 package sample
 
 import (
+	"errors"
 	"fmt"
 	"math"
 
@@ -21,6 +23,9 @@ type History struct {
 	PromptTokens []int32
 	OutputTokens []int32
 	SampleIndex  int
+	// Allowed, when not nil, is the token bitmask of a constrained request
+	// (engine.StepSeq.AllowedTokens): only its tokens may be drawn.
+	Allowed []uint32
 }
 
 // Result is one sampled token. Logprob and TopLogprobs are filled only when
@@ -72,6 +77,7 @@ func (s *Sampler) ForStep(logits []float32, seq *engine.StepSeq) (engine.SeqResu
 		PromptTokens: seq.PromptTokens,
 		OutputTokens: seq.OutputTokens,
 		SampleIndex:  seq.SampleIndex,
+		Allowed:      seq.AllowedTokens,
 	})
 	if err != nil {
 		return engine.SeqResult{}, fmt.Errorf("sequence %d: %w", seq.SeqID, err)
@@ -161,6 +167,11 @@ func (s *Sampler) weigh(logits []float32, p engine.SamplingParams, h History) (f
 		return 0, fmt.Errorf("sample: %w: all %d logits are -Inf", engine.ErrNonFiniteLogits, vocab)
 	}
 	s.applyPenalties(w, p, h)
+	if h.Allowed != nil {
+		if err := applyMask(w, h.Allowed); err != nil {
+			return 0, err
+		}
+	}
 
 	if p.Greedy() {
 		best := argmax(w)
@@ -217,6 +228,9 @@ func (s *Sampler) weigh(logits []float32, p engine.SamplingParams, h History) (f
 func checkHistory(h History, vocab int) error {
 	if h.SampleIndex < 0 {
 		return fmt.Errorf("sample: sample index %d is negative", h.SampleIndex)
+	}
+	if h.Allowed != nil && len(h.Allowed) < engine.MaskWords(vocab) {
+		return fmt.Errorf("sample: token mask has %d words, a vocabulary of %d needs %d", len(h.Allowed), vocab, engine.MaskWords(vocab))
 	}
 	for i, t := range h.PromptTokens {
 		if t < 0 || int(t) >= vocab {
@@ -282,6 +296,29 @@ func (s *Sampler) applyPenalties(w []float64, p engine.SamplingParams, h History
 		}
 	}
 }
+
+// applyMask sets every token the mask does not allow to -Inf. It fails when
+// no allowed token keeps a finite logit (the constraint and the model leave
+// nothing to sample).
+func applyMask(w []float64, mask []uint32) error {
+	negInf := math.Inf(-1)
+	alive := false
+	for i := range w {
+		if mask[i>>5]>>(uint(i)&31)&1 == 0 {
+			w[i] = negInf
+		} else if !math.IsInf(w[i], -1) {
+			alive = true
+		}
+	}
+	if !alive {
+		return fmt.Errorf("sample: %w: the token mask leaves no token with a finite logit", ErrNoAllowedToken)
+	}
+	return nil
+}
+
+// ErrNoAllowedToken: a constrained request's mask allows no token the model
+// can produce.
+var ErrNoAllowedToken = errors.New("no allowed token")
 
 // argmax returns the index of the largest value, the lowest index on ties.
 func argmax(w []float64) int {

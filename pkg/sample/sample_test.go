@@ -461,3 +461,79 @@ func TestNonFiniteLogitsAreAnError(t *testing.T) {
 		t.Errorf("ForStep: %+v, %v", res, err)
 	}
 }
+
+func maskOf(vocab int, allowed ...int) []uint32 {
+	m := make([]uint32, engine.MaskWords(vocab))
+	for _, t := range allowed {
+		m[t/32] |= 1 << (t % 32)
+	}
+	return m
+}
+
+// A constrained request draws only the tokens its mask allows, greedy or
+// not, while logprobs stay those of the raw logits.
+func TestAllowedTokens(t *testing.T) {
+	const vocab = 70
+	logits := make([]float32, vocab)
+	for i := range logits {
+		logits[i] = float32(i%7) * 0.5
+	}
+	logits[3] = 9 // the unconstrained argmax, not allowed below
+	allowed := []int{1, 33, 40, 69}
+	mask := maskOf(vocab, allowed...)
+	params := []engine.SamplingParams{
+		{Temperature: 0, TopP: 1, RepetitionPenalty: 1},
+		{Temperature: 1, TopP: 1, RepetitionPenalty: 1, Logprobs: true},
+		{Temperature: 2, TopP: 0.9, TopK: 2, RepetitionPenalty: 1.2},
+	}
+	for _, p := range params {
+		seen := map[int32]bool{}
+		for i := range 200 {
+			p.Seed, p.HasSeed = int64(i), true
+			r, err := Sample(logits, p, History{Allowed: mask, SampleIndex: i, PromptTokens: []int32{33}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Contains(allowed, int(r.Token)) {
+				t.Fatalf("%+v: sampled %d, allowed %v", p, r.Token, allowed)
+			}
+			seen[r.Token] = true
+			if p.Logprobs {
+				full, _ := Distribution(logits, engine.SamplingParams{Temperature: 1, TopP: 1, RepetitionPenalty: 1}, History{})
+				if got := math.Exp(float64(r.Logprob)); math.Abs(got-full[r.Token]) > 1e-5 {
+					t.Fatalf("logprob %v of token %d is not the raw one %v", got, r.Token, full[r.Token])
+				}
+			}
+		}
+		// Allowed logits: 1 -> 0.5, 33 -> 2.5, 40 -> 2.5, 69 -> 3.
+		if p.Greedy() && (len(seen) != 1 || !seen[69]) {
+			t.Fatalf("greedy under the mask gave %v, want only 69", seen)
+		}
+		if !p.Greedy() && len(seen) < 2 {
+			t.Fatalf("%+v: sampling under the mask gave only %v", p, seen)
+		}
+	}
+	d, err := Distribution(logits, engine.SamplingParams{Temperature: 1, TopP: 1, RepetitionPenalty: 1}, History{Allowed: mask})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, i := range allowed {
+		sum += d[i]
+	}
+	if math.Abs(sum-1) > 1e-12 {
+		t.Fatalf("the allowed tokens carry %v of the probability", sum)
+	}
+
+	if _, err := Sample(logits, params[0], History{Allowed: mask[:1]}); err == nil || !strings.Contains(err.Error(), "token mask has 1 words, a vocabulary of 70 needs 3") {
+		t.Fatalf("short mask: err %v", err)
+	}
+	neg := slices.Clone(logits)
+	neg[1], neg[33], neg[40], neg[69] = float32(math.Inf(-1)), float32(math.Inf(-1)), float32(math.Inf(-1)), float32(math.Inf(-1))
+	if _, err := Sample(neg, params[1], History{Allowed: mask}); !errors.Is(err, ErrNoAllowedToken) {
+		t.Fatalf("every allowed logit -Inf: err %v", err)
+	}
+	if _, err := Sample(logits, params[0], History{Allowed: maskOf(vocab)}); !errors.Is(err, ErrNoAllowedToken) {
+		t.Fatalf("empty mask: err %v", err)
+	}
+}

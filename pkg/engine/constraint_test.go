@@ -1,0 +1,142 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/glmctl/glmctl/pkg/engine"
+)
+
+// setConstraint allows only the tokens of a fixed set and is done after n
+// accepted tokens; it records what the engine did with it.
+type setConstraint struct {
+	mu       sync.Mutex
+	allowed  []int32
+	n        int
+	accepted []int32
+	fills    int
+	closes   int
+	fillErr  error // returned by the second FillMask
+}
+
+func (c *setConstraint) FillMask(dst []uint32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fills++
+	if c.fillErr != nil && c.fills == 2 {
+		return c.fillErr
+	}
+	clear(dst)
+	for _, t := range c.allowed {
+		dst[t/32] |= 1 << (t % 32)
+	}
+	return nil
+}
+
+func (c *setConstraint) Accept(tok int32) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !slices.Contains(c.allowed, tok) {
+		return errors.New("not allowed")
+	}
+	c.accepted = append(c.accepted, tok)
+	return nil
+}
+
+func (c *setConstraint) Done() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.accepted) >= c.n
+}
+
+func (c *setConstraint) Close() {
+	c.mu.Lock()
+	c.closes++
+	c.mu.Unlock()
+}
+
+// On the real CPU backend, with other requests in the same steps: every token
+// of a constrained request is one its constraint allowed, the request stops
+// when the constraint is done, the constraint is closed once, and the
+// unconstrained neighbours are unaffected.
+func TestConstraintLimitsTokens(t *testing.T) {
+	eng, _ := startCPUEngine(t, 64, engine.Config{})
+	prompt := []int32{5, 17, 300, 42}
+	free := engine.Request{PromptTokens: prompt, MaxTokens: 12, Sampling: engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1}}
+	alone, _ := collectCPU(t, eng, &free)
+
+	var wg sync.WaitGroup
+	cons := make([]*setConstraint, 6)
+	outs := make([][]int32, len(cons))
+	fins := make([]engine.FinishReason, len(cons))
+	var withOthers []int32
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r := free
+		withOthers, _ = collectCPU(t, eng, &r)
+	}()
+	for i := range cons {
+		cons[i] = &setConstraint{allowed: []int32{7, 99, 250, int32(300 + i)}, n: 5 + i}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req := &engine.Request{PromptTokens: prompt, MaxTokens: 40, IgnoreEOS: true, Constraint: cons[i],
+				Sampling: engine.SamplingParams{Temperature: 1.5, TopP: 1, RepetitionPenalty: 1, Seed: int64(i), HasSeed: true}}
+			outs[i], fins[i] = collectCPU(t, eng, req)
+		}()
+	}
+	wg.Wait()
+	if !slices.Equal(alone, withOthers) {
+		t.Fatalf("an unconstrained request changed next to constrained ones: %v vs %v", withOthers, alone)
+	}
+	for i, c := range cons {
+		if fins[i] != engine.FinishStop || len(outs[i]) != c.n {
+			t.Errorf("request %d: finish %q after %d tokens, want stop after %d", i, fins[i], len(outs[i]), c.n)
+		}
+		for _, tok := range outs[i] {
+			if !slices.Contains(c.allowed, tok) {
+				t.Errorf("request %d generated %d, outside %v", i, tok, c.allowed)
+			}
+		}
+		if !slices.Equal(outs[i], c.accepted) || c.closes != 1 || c.fills != c.n {
+			t.Errorf("request %d: accepted %v of %v, %d fills, closed %d times", i, c.accepted, outs[i], c.fills, c.closes)
+		}
+	}
+	waitIdleCPU(t, eng)
+}
+
+// A constraint that fails fails its own request only, and is still closed.
+func TestConstraintErrorFailsOnlyItsRequest(t *testing.T) {
+	eng, _ := startCPUEngine(t, 64, engine.Config{})
+	c := &setConstraint{allowed: []int32{7, 99}, n: 10, fillErr: errors.New("grammar exploded")}
+	st, err := eng.Submit(context.Background(), &engine.Request{PromptTokens: []int32{5, 6}, MaxTokens: 20, Constraint: c,
+		Sampling: engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, fin := collectCPU(t, eng, &engine.Request{PromptTokens: []int32{9, 10, 11}, MaxTokens: 6,
+		Sampling: engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1}})
+	if fin != engine.FinishLength || len(other) != 6 {
+		t.Fatalf("neighbour: finish %q after %d tokens", fin, len(other))
+	}
+	var last engine.Event
+	n := 0
+	for ev := range st.Events() {
+		if ev.HasToken {
+			n++
+		}
+		last = ev
+	}
+	if last.Finish != engine.FinishError || last.Err == nil || !strings.Contains(last.Err.Error(), "grammar exploded") || n != 1 {
+		t.Fatalf("constrained request: %d tokens, finish %q, err %v", n, last.Finish, last.Err)
+	}
+	if c.closes != 1 {
+		t.Fatalf("constraint closed %d times", c.closes)
+	}
+	waitIdleCPU(t, eng)
+}
