@@ -42,6 +42,9 @@ type BackendInfo struct {
 	// MaxStepTokens is the most new tokens one step accepts (0 = no limit);
 	// longer prompts are prefilled in chunks.
 	MaxStepTokens int
+	// TokenMasks: the backend applies StepSeq.AllowedTokens when it samples,
+	// so the engine accepts requests with a Constraint.
+	TokenMasks bool
 }
 
 // StepBatch is the flat batch description of one step. Token ids of all

@@ -140,3 +140,27 @@ func TestConstraintErrorFailsOnlyItsRequest(t *testing.T) {
 	}
 	waitIdleCPU(t, eng)
 }
+
+// A backend that cannot apply token masks refuses constrained requests at
+// Submit, naming itself.
+func TestConstraintNeedsBackendSupport(t *testing.T) {
+	eng, err := engine.New(noMaskBackend{}, engine.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = eng.Submit(context.Background(), &engine.Request{PromptTokens: []int32{1}, Constraint: &setConstraint{allowed: []int32{1}}})
+	if !errors.Is(err, engine.ErrInvalidRequest) || !strings.Contains(err.Error(), "not supported by the fake backend") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+// noMaskBackend is a backend without token-mask support; it never steps.
+type noMaskBackend struct{}
+
+func (noMaskBackend) Info() engine.BackendInfo {
+	return engine.BackendInfo{Name: "fake", VocabSize: 100, MaxContext: 64, KVBlockSize: 4, NumKVBlocks: 16}
+}
+func (noMaskBackend) Close() error { return nil }
+func (noMaskBackend) Step(context.Context, *engine.StepBatch) ([]engine.SeqResult, error) {
+	return nil, errors.New("noMaskBackend never steps")
+}

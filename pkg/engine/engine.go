@@ -175,6 +175,9 @@ func (e *Engine) newSequence(req *Request) (*sequence, error) {
 	if len(req.StopStrings) > 0 && e.cfg.Detokenizer == nil {
 		return nil, errors.New("stop strings need a detokenizer, and the engine has none (Config.Detokenizer)")
 	}
+	if req.Constraint != nil && !e.backend.Info().TokenMasks {
+		return nil, fmt.Errorf("constrained decoding (structured outputs) is not supported by the %s backend", e.backend.Info().Name)
+	}
 	params := req.Sampling
 	if !params.HasSeed {
 		params.Seed, params.HasSeed = rand.Int64(), true

@@ -167,6 +167,7 @@ func (b *Backend) Info() engine.BackendInfo {
 		MaxContext:  b.cfg.MaxPositionEmbeddings,
 		KVBlockSize: b.kvBlockSize,
 		NumKVBlocks: b.numKVBlocks,
+		TokenMasks:  true, // pkg/sample applies StepSeq.AllowedTokens
 	}
 }
 
