@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 4
+#define GLMRT_ABI_VERSION 5
 
 /* Status codes. */
 #define GLMRT_OK 0
@@ -149,6 +149,8 @@ typedef struct glmrt_seq {
   int32_t want_logits;        /* 1: copy the last position's logits into glmrt_result.logits */
   int32_t penalty_offset;     /* into glmrt_batch.penalty_* */
   int32_t penalty_len;        /* distinct tokens of this sequence's history (0 if no penalty) */
+  int32_t mask_index;         /* -1: every token allowed; else the row of glmrt_batch.token_masks
+                                 that limits this sample (sample == 1 only) */
   glmrt_sampling sampling;    /* read only when sample == 1 */
 } glmrt_seq;
 
@@ -168,6 +170,14 @@ typedef struct glmrt_batch {
   const int32_t* penalty_prompt_counts;
   const int32_t* penalty_output_counts;
   int32_t n_penalty_entries;
+  /* Token masks of constrained sequences (structured outputs): row r is
+   * token_masks[r * mask_words .. +mask_words), bit t % 32 of word t / 32 set
+   * when token t may be sampled; mask_words = ceil(vocab_size / 32). The
+   * sampler sets the others to -Inf after the penalties; logprobs stay those
+   * of the raw logits. NULL when n_token_masks == 0. */
+  const uint32_t* token_masks;
+  int32_t n_token_masks;             /* rows, <= max_seqs_per_step */
+  int32_t mask_words;
 } glmrt_batch;
 
 /* Caller-owned output buffers, filled by glmrt_step. */
@@ -193,6 +203,7 @@ typedef struct glmrt_result {
 #define GLMRT_SAMPLE_ALL_NEG_INF 2        /* every logit is -Inf */
 #define GLMRT_SAMPLE_ALL_NEG_INF_PENALTY 3 /* every logit is -Inf after the penalties */
 #define GLMRT_SAMPLE_NONE_LEFT 4          /* top-k / top-p / min-p left no token */
+#define GLMRT_SAMPLE_MASKED_ALL 5         /* the token mask allows no token with a finite logit */
 
 typedef struct glmrt_engine glmrt_engine;
 

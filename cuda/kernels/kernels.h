@@ -595,9 +595,12 @@ struct SampleRow {
   int64_t sample_index;
   int sort_segment;         // index of this row's segment in the sort (top-k/top-p rows), else -1
   int skip;                 // 1: row has logits but is not sampled (token -1, status 0)
+  int mask_row = -1;        // row of SampleArgs.masks limiting the draw, else -1
+  int pad = 0;
 };
 // status: 0 ok, 1 a logit is NaN or +Inf, 2 every logit is -Inf,
-// 3 every logit is -Inf after penalties, 4 no token left to sample.
+// 3 every logit is -Inf after penalties, 4 no token left to sample,
+// 5 the token mask allows no token with a finite logit.
 struct SampleOut {
   int token;
   float logprob;
@@ -620,6 +623,12 @@ struct SampleArgs {
   const int* seg_begin = nullptr;
   const int* seg_end = nullptr;
   int n_seg = 0;
+  // Token masks (device), mask_words per row: a row with SampleRow.mask_row
+  // >= 0 may draw token t only if bit t % 32 of word t / 32 is set; the
+  // others are -Inf from the start (before the penalties, which leave -Inf
+  // as it is: the CPU's order, penalties then mask, gives the same weights).
+  const uint32_t* masks = nullptr;
+  int mask_words = 0;
   // Workspace (device), sized by sample_workspace_bytes.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;

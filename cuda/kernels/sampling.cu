@@ -154,24 +154,28 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(SampleArgs a, Workspace 
     }
     return;
   }
-  int bad = 0, finite = 0;
+  int bad = 0, finite = 0, alive = 0;
   double mx = -INFINITY;
+  const uint32_t* mask = (p.mask_row >= 0 && a.masks) ? a.masks + (int64_t)p.mask_row * a.mask_words : nullptr;
   for (int i = threadIdx.x; i < V; i += blockDim.x) {
     const float l = lg[i];
     if (isnan(l) || (isinf(l) && l > 0)) bad = 1;
     if (!isinf(l)) finite = 1;
-    w[i] = (double)l;
+    const bool allowed = !mask || (mask[i >> 5] >> (i & 31) & 1u);
+    if (allowed && !isinf(l)) alive = 1;
+    w[i] = allowed ? (double)l : -INFINITY;
     vin[i] = i;
     mx = fmax(mx, (double)l);
   }
   bad = block_max_int(bad, sh_int);
   finite = block_max_int(finite, sh_int);
+  alive = block_max_int(alive, sh_int);
   if (threadIdx.x == 0) {
     a.out[row].token = -1;
     a.out[row].logprob = NAN;
-    a.out[row].status = bad ? 1 : (!finite ? 2 : 0);
+    a.out[row].status = bad ? 1 : (!finite ? 2 : (!alive ? 5 : 0));
   }
-  if (bad || !finite) return;
+  if (bad || !finite || !alive) return;
   mx = block_reduce(mx, shd, MaxOp());
   double s = 0.0;
   for (int i = threadIdx.x; i < V; i += blockDim.x) s += exp((double)lg[i] - mx);

@@ -35,7 +35,7 @@ struct Meta {
   int n_dec = 0;      // sequences attention_decode takes (graph: the bucket, padded)
   int dec_splits = 1;
   bool dec_quant = false;  // attention_decode also writes the FP8 attention output
-  size_t items, merges, samples, pen_row, pen_tok, pen_prompt, pen_output, seg_begin, seg_end;
+  size_t items, merges, samples, pen_row, pen_tok, pen_prompt, pen_output, seg_begin, seg_end, masks;
   size_t a_bytes = 0, b_bytes = 0;  // bytes of region A / B to copy
   int64_t kv_read_tokens = 0;       // sum over sequences of keys attended (profiling bytes)
   // Per sampler chunk: [begin, end) of its penalty entries and sort segments.
@@ -81,6 +81,13 @@ int validate(const Engine& e, const glmrt_batch& b, const glmrt_result& res) {
     return fail(GLMRT_ERR_INVALID,
                 "batch: n_penalty_entries %d not in 0..max_penalty_entries (%d) (or arrays NULL)",
                 b.n_penalty_entries, e.max_pen);
+  const int mask_words = (V + 31) / 32;
+  if (b.n_token_masks < 0 || b.n_token_masks > e.max_seqs ||
+      (b.n_token_masks > 0 && (!b.token_masks || b.mask_words != mask_words)))
+    return fail(GLMRT_ERR_INVALID,
+                "batch: n_token_masks %d not in 0..max_seqs_per_step (%d), or token_masks NULL, or "
+                "mask_words %d is not ceil(vocab/32) = %d",
+                b.n_token_masks, e.max_seqs, b.mask_words, mask_words);
   if (!res.tokens || !res.logprobs)
     return fail(GLMRT_ERR_INVALID, "result: tokens and logprobs are required");
   int64_t tok_sum = 0, pen_sum = 0;
@@ -108,6 +115,9 @@ int validate(const Engine& e, const glmrt_batch& b, const glmrt_result& res) {
     }
     if ((q.sample != 0 && q.sample != 1) || (q.want_logits != 0 && q.want_logits != 1))
       return fail(GLMRT_ERR_INVALID, "seq %d: sample and want_logits must be 0 or 1", s);
+    if (q.mask_index < -1 || q.mask_index >= b.n_token_masks || (q.mask_index >= 0 && !q.sample))
+      return fail(GLMRT_ERR_INVALID, "seq %d: mask_index %d must be -1 or a row of the %d token masks of a sampled sequence",
+                  s, q.mask_index, b.n_token_masks);
     if (!q.sample) continue;
     const glmrt_sampling& p = q.sampling;
     if (!finite(p.temperature) || p.temperature < 0)
@@ -314,6 +324,14 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   m.pen_output = take((size_t)n_pen * 4);
   m.seg_begin = take((size_t)m.n_logits * 4);
   m.seg_end = take((size_t)m.n_logits * 4);
+  // Token masks of the sampled rows that have one, in logits-row order.
+  const int mask_words = (V + 31) / 32;
+  int n_mask = 0;
+  for (int i = 0; i < m.n_logits; ++i) {
+    const glmrt_seq& q = b.seqs[e.logits_seq[i]];
+    if (q.sample && q.mask_index >= 0) ++n_mask;
+  }
+  m.masks = take((size_t)n_mask * mask_words * 4);
   if (off > e.meta_bytes)
     return fail(GLMRT_ERR_INVALID, "step metadata %zu bytes exceed the planned %zu", off, e.meta_bytes);
   m.b_bytes = off - L.b_begin;
@@ -324,6 +342,8 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   int* po = at<int>(H, m.pen_output);
   int* sb = at<int>(H, m.seg_begin);
   int* se = at<int>(H, m.seg_end);
+  uint32_t* mk = at<uint32_t>(H, m.masks);
+  int mask_rows = 0;
   m.n_pen = 0;
   m.n_seg = 0;
   const int chunk = e.sample_chunk;
@@ -337,7 +357,13 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       memset(&r, 0, sizeof r);
       r.skip = q.sample ? 0 : 1;
       r.sort_segment = -1;
+      r.mask_row = -1;
       if (!q.sample) continue;
+      if (q.mask_index >= 0) {
+        memcpy(mk + (size_t)mask_rows * mask_words, b.token_masks + (size_t)q.mask_index * mask_words,
+               (size_t)mask_words * 4);
+        r.mask_row = mask_rows++;
+      }
       const glmrt_sampling& p = q.sampling;
       r.temperature = p.temperature;
       r.top_k = p.top_k;
@@ -981,6 +1007,7 @@ void plan_meta_layout(Engine& e) {
   for (int i = 0; i < 4; ++i) take((size_t)e.max_pen * 4);  // penalty row, token, prompt, output
   take(S * 4);
   take(S * 4);  // sort segments
+  take(S * (size_t)((e.d.V + 31) / 32) * 4);  // token masks (structured outputs)
   L.total = off;
   e.meta_bytes = off;
 }
@@ -1039,6 +1066,8 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
     s.seg_begin = at<int>(M, m.seg_begin) + s0;
     s.seg_end = at<int>(M, m.seg_end) + s0;
     s.n_seg = s1 - s0;
+    s.masks = at<uint32_t>(M, m.masks);
+    s.mask_words = (V + 31) / 32;
     s.workspace = r.sample_ws;
     s.workspace_bytes = r.sample_ws_bytes;
     s.out = r.sample_out + c0;
@@ -1093,7 +1122,8 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
   }
   static const char* status_text[] = {"ok", "a logit is NaN or +Inf", "every logit is -Inf",
                                       "every logit is -Inf after penalties",
-                                      "no token left to sample"};
+                                      "no token left to sample",
+                                      "the token mask allows no token with a finite logit"};
   for (int i = 0; i < m.n_logits; ++i) {
     const int s = e.logits_seq[i];
     const glmrt_seq& q = b.seqs[s];
@@ -1104,8 +1134,8 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
       // keep their tokens. Without the status array, the whole step fails.
       if (!res.sample_status)
         return fail(GLMRT_ERR_INVALID, "seq %d: cannot sample: %s", s,
-                    (o.status > 0 && o.status < 5) ? status_text[o.status] : "unknown status");
-      res.sample_status[s] = (o.status > 0 && o.status < 5) ? o.status : GLMRT_SAMPLE_NONFINITE;
+                    (o.status > 0 && o.status <= GLMRT_SAMPLE_MASKED_ALL) ? status_text[o.status] : "unknown status");
+      res.sample_status[s] = (o.status > 0 && o.status <= GLMRT_SAMPLE_MASKED_ALL) ? o.status : GLMRT_SAMPLE_NONFINITE;
       if (res.top_ids)
         for (int k = 0; k < res.top_stride; ++k) {
           res.top_ids[(size_t)s * res.top_stride + k] = -1;

@@ -1219,8 +1219,11 @@ struct RefSample {
   std::vector<float> top_lp;
 };
 // pkg/sample.Sample, line for line (float64).
+// mask: nullptr, or the row's token bitmask (pkg/sample: disallowed tokens to
+// -Inf after the penalties).
 static RefSample sample_ref(const float* lg, int V, const SampleRow& p, const std::vector<int>& pt,
-                            const std::vector<int>& pp, const std::vector<int>& po) {
+                            const std::vector<int>& pp, const std::vector<int>& po,
+                            const uint32_t* mask = nullptr) {
   std::vector<double> w(V);
   for (int i = 0; i < V; ++i) w[i] = lg[i];
   const bool rep = p.repetition_penalty > 0 && p.repetition_penalty != 1;
@@ -1230,6 +1233,9 @@ static RefSample sample_ref(const float* lg, int V, const SampleRow& p, const st
     if ((p.frequency_penalty != 0 || p.presence_penalty != 0) && po[e] > 0)
       x -= (double)po[e] * p.frequency_penalty + p.presence_penalty;
   }
+  if (mask)
+    for (int i = 0; i < V; ++i)
+      if (!(mask[i >> 5] >> (i & 31) & 1u)) w[i] = -INFINITY;
   RefSample r{};
   if (p.temperature <= 0) {
     int best = 0;
@@ -1316,9 +1322,26 @@ static void check_sampling(int V, int rows, const char* what) {
   std::vector<SampleRow> ps(rows);
   std::vector<int> pen_row, pen_tok, pen_p, pen_o;
   std::vector<int> seg_b, seg_e;
+  // Token masks (structured outputs): every third row allows ~5% of the
+  // tokens, always including its top raw logit's neighbour so the mask
+  // matters; the last row allows only token 11, which is -Inf: status 5.
+  const int mw = (V + 31) / 32;
+  std::vector<uint32_t> masks;
   for (int r = 0; r < rows; ++r) {
     SampleRow& p = ps[r];
     p = SampleRow{};
+    if (r % 3 == 1 || r == rows - 1) {
+      p.mask_row = (int)(masks.size() / mw);
+      masks.resize(masks.size() + mw, 0u);
+      uint32_t* m = masks.data() + (size_t)p.mask_row * mw;
+      if (r == rows - 1) {
+        m[11 >> 5] |= 1u << (11 & 31);
+      } else {
+        for (int i = 0; i < V; ++i)
+          if (randu(0, 1) < 0.05f) m[i >> 5] |= 1u << (i & 31);
+        m[5 >> 5] |= 1u << 5;
+      }
+    }
     const int kind = r % 8;
     p.temperature = (kind == 0 || r == 2) ? 0.f : randu(0.3f, 1.5f);
     p.top_k = (kind == 2 || kind == 5) ? randi(1, 50) : 0;
@@ -1354,6 +1377,7 @@ static void check_sampling(int V, int rows, const char* what) {
   const size_t wsb = sample_workspace_bytes(rows, V);
   Dev<float> dl(lg);
   Dev<SampleRow> dps(ps);
+  Dev<uint32_t> dmask(masks);
   Dev<int> dpr(pen_row), dpt(pen_tok), dpp(pen_p), dpo(pen_o), dsb(seg_b), dse(seg_e);
   Dev<char> dws(wsb);
   Dev<SampleOut> dout(rows);
@@ -1376,6 +1400,8 @@ static void check_sampling(int V, int rows, const char* what) {
   a.seg_begin = dsb.p;
   a.seg_end = dse.p;
   a.n_seg = (int)seg_b.size();
+  a.masks = dmask.p;
+  a.mask_words = mw;
   a.workspace = dws.p;
   a.workspace_bytes = wsb;
   a.out = dout.p;
@@ -1395,7 +1421,19 @@ static void check_sampling(int V, int rows, const char* what) {
         pp.push_back(pen_p[e]);
         po.push_back(pen_o[e]);
       }
-    RefSample ref = sample_ref(lg.data() + (size_t)r * V, V, ps[r], pt, pp, po);
+    const uint32_t* mask = ps[r].mask_row >= 0 ? masks.data() + (size_t)ps[r].mask_row * mw : nullptr;
+    if (r == rows - 1) {  // the mask leaves only a -Inf logit: status 5, no token
+      if (out[r].status != 5 || out[r].token != -1) {
+        ++tok_bad;
+        printf("  row %d: masked to a -Inf logit: token %d status %d, want -1 / 5\n", r, out[r].token, out[r].status);
+      }
+      continue;
+    }
+    RefSample ref = sample_ref(lg.data() + (size_t)r * V, V, ps[r], pt, pp, po, mask);
+    if (mask && !(mask[out[r].token >> 5] >> (out[r].token & 31) & 1u)) {
+      ++tok_bad;
+      printf("  row %d: token %d is not allowed by its mask\n", r, out[r].token);
+    }
     if (out[r].status != 0 || out[r].token != ref.token) {
       ++tok_bad;
       printf("  row %d: token %d status %d, reference %d (T=%.3f k=%d p=%.3f minp=%.3f)\n", r, out[r].token,

@@ -142,6 +142,9 @@ var (
 	// and the engine counts it (Stats.NonFiniteLogits); its KV blocks are
 	// kept out of the prefix cache.
 	ErrNonFiniteLogits = errors.New("non-finite logits")
+	// ErrNoAllowedToken: a constrained sequence's token mask allowed no
+	// token with a finite logit. The request ends with an error.
+	ErrNoAllowedToken = errors.New("no allowed token")
 	// ErrBackendFatal: the backend can run no more steps (a sticky CUDA
 	// error such as an illegal address or an uncorrectable ECC error). The
 	// engine fails every request and Run returns an error wrapping it.

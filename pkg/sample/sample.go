@@ -10,7 +10,6 @@
 package sample
 
 import (
-	"errors"
 	"fmt"
 	"math"
 
@@ -311,14 +310,10 @@ func applyMask(w []float64, mask []uint32) error {
 		}
 	}
 	if !alive {
-		return fmt.Errorf("sample: %w: the token mask leaves no token with a finite logit", ErrNoAllowedToken)
+		return fmt.Errorf("sample: %w: the token mask leaves no token with a finite logit", engine.ErrNoAllowedToken)
 	}
 	return nil
 }
-
-// ErrNoAllowedToken: a constrained request's mask allows no token the model
-// can produce.
-var ErrNoAllowedToken = errors.New("no allowed token")
 
 // argmax returns the index of the largest value, the lowest index on ties.
 func argmax(w []float64) int {

@@ -530,10 +530,10 @@ func TestAllowedTokens(t *testing.T) {
 	}
 	neg := slices.Clone(logits)
 	neg[1], neg[33], neg[40], neg[69] = float32(math.Inf(-1)), float32(math.Inf(-1)), float32(math.Inf(-1)), float32(math.Inf(-1))
-	if _, err := Sample(neg, params[1], History{Allowed: mask}); !errors.Is(err, ErrNoAllowedToken) {
+	if _, err := Sample(neg, params[1], History{Allowed: mask}); !errors.Is(err, engine.ErrNoAllowedToken) {
 		t.Fatalf("every allowed logit -Inf: err %v", err)
 	}
-	if _, err := Sample(logits, params[0], History{Allowed: maskOf(vocab)}); !errors.Is(err, ErrNoAllowedToken) {
+	if _, err := Sample(logits, params[0], History{Allowed: maskOf(vocab)}); !errors.Is(err, engine.ErrNoAllowedToken) {
 		t.Fatalf("empty mask: err %v", err)
 	}
 }

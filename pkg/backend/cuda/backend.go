@@ -220,7 +220,7 @@ func (b *Backend) finish(path string, cfg *model.Config) error {
 	b.info = engine.BackendInfo{
 		Name: "cuda", Device: info.Device, VocabSize: info.VocabSize, MaxContext: cfg.MaxPositionEmbeddings,
 		KVBlockSize: info.KVBlockSize, NumKVBlocks: info.NumKVBlocks, MaxBatchSeqs: info.MaxSeqsPerStep,
-		MaxStepTokens: info.MaxTokensPerStep,
+		MaxStepTokens: info.MaxTokensPerStep, TokenMasks: true, // glmrt_batch.token_masks (ABI 5)
 	}
 	slog.Info("cuda backend ready", "lib", path, "device", info.Device, "tp", info.TensorParallel,
 		"kv_blocks", info.NumKVBlocks, "kv_block_size", info.KVBlockSize,

@@ -175,7 +175,7 @@ func openFake(t *testing.T, o Options) *Backend {
 func TestOpenLoadsEveryTensor(t *testing.T) {
 	b := openFake(t, Options{KVBlockSize: 8, NumKVBlocks: 100, MaxSeqs: 4})
 	info := b.Info()
-	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 8, NumKVBlocks: 100, MaxBatchSeqs: 4, MaxStepTokens: 2048}
+	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 8, NumKVBlocks: 100, MaxBatchSeqs: 4, MaxStepTokens: 2048, TokenMasks: true}
 	if info != want {
 		t.Errorf("Info = %+v, want %+v", info, want)
 	}
@@ -396,6 +396,47 @@ func TestStepNonFiniteOneSequence(t *testing.T) {
 	res, err = b.Step(context.Background(), &engine.StepBatch{Seqs: batch.Seqs[:1]})
 	if err != nil || res[0].Err != nil || res[0].Token != 5 {
 		t.Fatalf("next step: %+v, %v", res, err)
+	}
+}
+
+// Token masks reach the runtime per sequence (glmrt_batch.token_masks): the
+// fake takes the first allowed id at or after its answer, and a mask that
+// allows nothing fails that sequence alone with ErrNoAllowedToken.
+func TestStepTokenMasks(t *testing.T) {
+	b := openFake(t, Options{KVBlockSize: 4, NumKVBlocks: 8})
+	if !b.Info().TokenMasks {
+		t.Fatal("the cuda backend does not announce token masks")
+	}
+	const vocab = 1040
+	mask := func(ids ...int) []uint32 {
+		m := make([]uint32, engine.MaskWords(vocab))
+		for _, id := range ids {
+			m[id/32] |= 1 << (id % 32)
+		}
+		return m
+	}
+	batch := &engine.StepBatch{Seqs: []engine.StepSeq{
+		{SeqID: 1, Tokens: []int32{5}, BlockTable: []int32{0}, Sample: true, AllowedTokens: mask(3, 700)},
+		{SeqID: 2, Tokens: []int32{6}, BlockTable: []int32{1}, Sample: true},
+		{SeqID: 3, Tokens: []int32{7}, BlockTable: []int32{2}, Sample: true, AllowedTokens: mask(1039, 2)},
+		{SeqID: 4, Tokens: []int32{8}, BlockTable: []int32{3}, Sample: true, AllowedTokens: mask()},
+		{SeqID: 5, Tokens: []int32{9}, BlockTable: []int32{4}, AllowedTokens: mask(1)}, // not sampled: ignored
+	}}
+	res, err := b.Step(context.Background(), batch)
+	if err != nil {
+		t.Fatalf("Step failed as a whole: %v", err)
+	}
+	for i, want := range []int32{700, 6, 1039} {
+		if r := res[i]; r.Err != nil || r.Token != want {
+			t.Errorf("seq %d: token %d err %v, want %d", r.SeqID, r.Token, r.Err, want)
+		}
+	}
+	if e := res[3].Err; !errors.Is(e, engine.ErrNoAllowedToken) || !strings.Contains(e.Error(), "id 4") {
+		t.Errorf("seq 4: err %v, want ErrNoAllowedToken naming the sequence", e)
+	}
+	short := &engine.StepBatch{Seqs: []engine.StepSeq{{SeqID: 9, Tokens: []int32{5}, BlockTable: []int32{0}, Sample: true, AllowedTokens: []uint32{1}}}}
+	if _, err := b.Step(context.Background(), short); err == nil || !strings.Contains(err.Error(), "token mask has 1 words, the vocabulary of 1040 needs 33") {
+		t.Errorf("short mask: err %v", err)
 	}
 }
 

@@ -59,6 +59,7 @@ type stepBuffers struct {
 
 	seqs, tokens, blockTables               cbuf
 	penTokens, penPrompt, penOutput         cbuf
+	masks                                   cbuf
 	outTokens, outLogprobs, topIDs, topLogp cbuf
 	outStatus                               cbuf
 	logits                                  cbuf
@@ -86,7 +87,7 @@ func (s *stepBuffers) free() {
 	C.free(unsafe.Pointer(s.batch))
 	C.free(unsafe.Pointer(s.result))
 	s.batch, s.result = nil, nil
-	for _, b := range []*cbuf{&s.seqs, &s.tokens, &s.blockTables, &s.penTokens, &s.penPrompt, &s.penOutput,
+	for _, b := range []*cbuf{&s.seqs, &s.tokens, &s.blockTables, &s.penTokens, &s.penPrompt, &s.penOutput, &s.masks,
 		&s.outTokens, &s.outLogprobs, &s.topIDs, &s.topLogp, &s.outStatus, &s.logits} {
 		b.free()
 	}
@@ -168,6 +169,11 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 	if err != nil {
 		return err
 	}
+	nMasks, err := s.fillMasks(b, lim)
+	if err != nil {
+		return err
+	}
+	maskRow := 0
 	tokOff, tabOff, penOff := 0, 0, 0
 	for i := range b.Seqs {
 		q := &b.Seqs[i]
@@ -191,6 +197,11 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 			want_logits:        b2i(q.WantLogits),
 			penalty_offset:     C.int32_t(penOff),
 			penalty_len:        C.int32_t(s.penLens[i]),
+			mask_index:         -1,
+		}
+		if q.Sample && q.AllowedTokens != nil {
+			cs.mask_index = C.int32_t(maskRow)
+			maskRow++
 		}
 		if q.Sample {
 			p := q.Sampling
@@ -231,11 +242,53 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 		bt.penalty_prompt_counts = (*C.int32_t)(s.penPrompt.p)
 		bt.penalty_output_counts = (*C.int32_t)(s.penOutput.p)
 	}
+	if nMasks > 0 {
+		bt.token_masks = (*C.uint32_t)(s.masks.p)
+		bt.n_token_masks = C.int32_t(nMasks)
+		bt.mask_words = C.int32_t(engine.MaskWords(lim.vocab))
+	}
 	return s.sizeResult(n, topStride, logitRows, lim.vocab)
 }
 
 func clampInt32(v int) int {
 	return max(min(v, math.MaxInt32), math.MinInt32)
+}
+
+// fillMasks copies the token mask of every sampled, constrained sequence
+// into C memory, one row each in sequence order, and returns the rows.
+func (s *stepBuffers) fillMasks(b *engine.StepBatch, lim limits) (int, error) {
+	words := engine.MaskWords(lim.vocab)
+	n := 0
+	for i := range b.Seqs {
+		q := &b.Seqs[i]
+		if !q.Sample || q.AllowedTokens == nil {
+			continue
+		}
+		if len(q.AllowedTokens) < words {
+			return 0, fmt.Errorf("step: seq %d (id %d): token mask has %d words, the vocabulary of %d needs %d", i, q.SeqID, len(q.AllowedTokens), lim.vocab, words)
+		}
+		n++
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	rows, err := cslice[C.uint32_t](&s.masks, n*words)
+	if err != nil {
+		return 0, err
+	}
+	r := 0
+	for i := range b.Seqs {
+		q := &b.Seqs[i]
+		if !q.Sample || q.AllowedTokens == nil {
+			continue
+		}
+		dst := rows[r*words : (r+1)*words]
+		for j, w := range q.AllowedTokens[:words] {
+			dst[j] = C.uint32_t(w)
+		}
+		r++
+	}
+	return n, nil
 }
 
 // fillPenalties writes the distinct-token history of every sampled sequence
@@ -356,8 +409,11 @@ func (s *stepBuffers) results(b *engine.StepBatch, vocab int) ([]engine.SeqResul
 		q := &b.Seqs[i]
 		res := engine.SeqResult{SeqID: q.SeqID}
 		if q.Sample && status[i] != C.GLMRT_SAMPLE_OK {
-			res.Err = fmt.Errorf("cuda step: seq %d (id %d): %s: %w", i, q.SeqID, sampleStatusText(int(status[i])),
-				engine.ErrNonFiniteLogits)
+			cause := engine.ErrNonFiniteLogits
+			if status[i] == C.GLMRT_SAMPLE_MASKED_ALL {
+				cause = engine.ErrNoAllowedToken
+			}
+			res.Err = fmt.Errorf("cuda step: seq %d (id %d): %s: %w", i, q.SeqID, sampleStatusText(int(status[i])), cause)
 		} else if q.Sample {
 			res.Token = int32(toks[i])
 			if res.Token < 0 || int(res.Token) >= vocab {
@@ -398,6 +454,8 @@ func sampleStatusText(st int) string {
 		return "every logit is -Inf after the penalties"
 	case C.GLMRT_SAMPLE_NONE_LEFT:
 		return "no token left to sample"
+	case C.GLMRT_SAMPLE_MASKED_ALL:
+		return "the token mask allows no token with a finite logit"
 	default:
 		return fmt.Sprintf("unknown sample status %d", st)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/glmctl/glmctl/pkg/backend/cpu"
 	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/golden"
+	"github.com/glmctl/glmctl/pkg/sample"
 )
 
 // TestRealRuntime loads a real libglmcuda.so (from $GLMCTL_CUDA_LIB or the
@@ -75,6 +77,62 @@ func TestRealRuntime(t *testing.T) {
 		})
 	}
 	t.Run("NaN token fails only its sequence", func(t *testing.T) { nanTokenFailsOnlyItsSequence(t, lib) })
+	t.Run("token masks", func(t *testing.T) { tokenMasks(t, lib) })
+}
+
+// tokenMasks: on the GPU a sequence with a token mask draws only allowed
+// tokens, greedy or sampled, next to unconstrained ones; greedy takes the best
+// allowed raw logit (the logits come back unmasked) and the CPU sampler
+// (pkg/sample) picks the same token from them; a mask that allows
+// no token fails that sequence alone with ErrNoAllowedToken.
+func tokenMasks(t *testing.T, lib string) {
+	b, err := Open(filepath.Join("../../../testdata/models", "tiny-f32"), Options{LibPath: lib, KVBlockSize: 16, NumKVBlocks: 64, MemoryBudget: 2 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	vocab := b.Info().VocabSize
+	rng := rand.New(rand.NewPCG(7, 8))
+	for trial := range 20 {
+		mask := make([]uint32, engine.MaskWords(vocab))
+		var allowed []int32
+		for range 1 + rng.IntN(40) {
+			id := int32(rng.IntN(1000))
+			mask[id/32] |= 1 << (id % 32)
+			allowed = append(allowed, id)
+		}
+		p := engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1, Seed: int64(trial), HasSeed: true}
+		if trial%2 == 1 {
+			p.Temperature, p.TopK, p.TopP = 1.3, 5, 0.9
+		}
+		prompt := []int32{int32(5 + trial), 17, 300, 42}
+		seqs := []engine.StepSeq{
+			{SeqID: 1, Tokens: prompt, BlockTable: []int32{0}, Sample: true, Sampling: p, AllowedTokens: mask, WantLogits: true},
+			{SeqID: 2, Tokens: prompt, BlockTable: []int32{1}, Sample: true, Sampling: p},
+		}
+		res, err := b.Step(context.Background(), &engine.StepBatch{Seqs: seqs})
+		if err != nil || res[0].Err != nil || res[1].Err != nil {
+			t.Fatalf("trial %d: %v %+v", trial, err, res)
+		}
+		if !engine.Allowed(mask, res[0].Token) {
+			t.Fatalf("trial %d: the masked sequence drew %d, outside %v", trial, res[0].Token, allowed)
+		}
+		cpu, err := sample.Sample(res[0].Logits, p, sample.History{PromptTokens: prompt, Allowed: mask})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cpu.Token != res[0].Token {
+			t.Errorf("trial %d (T=%v): GPU drew %d, the CPU sampler on the same logits and mask %d", trial, p.Temperature, res[0].Token, cpu.Token)
+		}
+	}
+	mask := make([]uint32, engine.MaskWords(vocab)) // allows nothing
+	res, err := b.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{
+		{SeqID: 1, Tokens: []int32{5}, BlockTable: []int32{0}, Sample: true, AllowedTokens: mask},
+		{SeqID: 2, Tokens: []int32{6}, BlockTable: []int32{1}, Sample: true},
+	}})
+	if err != nil || !errors.Is(res[0].Err, engine.ErrNoAllowedToken) || res[1].Err != nil {
+		t.Fatalf("empty mask: %v, %+v", err, res)
+	}
 }
 
 // nanTokenFailsOnlyItsSequence: a NaN in one token's embedding row makes the

@@ -143,7 +143,9 @@ int glmrt_finalize(glmrt_engine *e) {
 
 #ifndef FAKE_OMIT_STEP
 /* Answers, per sequence i (derived from the inputs so the Go test can check them):
- *   token   = (sum of its new token ids + start_pos + 7*penalty_len + sample_index) % vocab
+ *   token   = (sum of its new token ids + start_pos + 7*penalty_len + sample_index) % vocab,
+ *             then, with a token mask, the first allowed id at or after it (cyclically);
+ *             a mask allowing nothing gives sample_status GLMRT_SAMPLE_MASKED_ALL
  *   logprob = 1000*sum(prompt counts) + sum(output counts) of its penalty range, or -0.5 without one
  *   top k   = ids (token+k) % vocab, logprobs -k - temperature; -1 past n_top_logprobs
  *   logits  = row r (r-th want_logits seq): logits[v] = v + 1000*i + start_pos
@@ -164,6 +166,9 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
     return fail(GLMRT_ERR_INVALID, "fake: n_penalty_entries %d", b->n_penalty_entries);
   if ((b->n_penalty_entries == 0) != (b->penalty_tokens == NULL))
     return fail(GLMRT_ERR_INVALID, "fake: penalty arrays vs n_penalty_entries %d", b->n_penalty_entries);
+  if ((b->n_token_masks == 0) != (b->token_masks == NULL) ||
+      (b->n_token_masks > 0 && b->mask_words != (vocab + 31) / 32))
+    return fail(GLMRT_ERR_INVALID, "fake: token masks: %d rows of %d words", b->n_token_masks, b->mask_words);
   int tok = 0, row = 0;
   for (int i = 0; i < b->n_seqs; i++) {
     const glmrt_seq *s = &b->seqs[i];
@@ -211,6 +216,22 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
       }
       if (r->sample_status) r->sample_status[i] = GLMRT_SAMPLE_OK;
       int t = (int)((sum + s->start_pos + 7LL * s->penalty_len + p->sample_index) % vocab);
+      if (s->mask_index < -1 || s->mask_index >= b->n_token_masks)
+        return fail(GLMRT_ERR_INVALID, "fake: seq %d: mask_index %d", i, s->mask_index);
+      if (s->mask_index >= 0) {
+        const uint32_t *m = b->token_masks + (size_t)s->mask_index * b->mask_words;
+        int k = 0;
+        while (k < vocab && !(m[(t + k) % vocab >> 5] >> ((t + k) % vocab & 31) & 1u)) k++;
+        if (k == vocab) {
+          if (!r->sample_status) return fail(GLMRT_ERR_INVALID, "fake: seq %d: the token mask allows nothing", i);
+          r->sample_status[i] = GLMRT_SAMPLE_MASKED_ALL;
+          r->tokens[i] = -1;
+          r->logprobs[i] = NAN;
+          for (int q = 0; q < r->top_stride; q++) r->top_ids[i * r->top_stride + q] = -1;
+          goto logits;
+        }
+        t = (t + k) % vocab;
+      }
       r->tokens[i] = t;
       r->logprobs[i] = s->penalty_len ? (float)(1000 * psum + osum) : -0.5f;
       for (int k = 0; k < r->top_stride; k++) {
