@@ -18,15 +18,17 @@ export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
 export CGO_ENABLED := 1
 
 -include mk/tokenizers.mk
+-include mk/llguidance.mk
 -include mk/cuda.mk
 include mk/python.mk
 TOKENIZERS_DEPS := $(if $(wildcard mk/tokenizers.mk),tokenizers-lib)
+LLGUIDANCE_DEPS := $(if $(wildcard mk/llguidance.mk),llguidance-lib)
 
 .PHONY: all build test lint fuzz run gpu-tests gpu-check gpu-perf clean
 
 all: build
 
-build: $(TOKENIZERS_DEPS)
+build: $(TOKENIZERS_DEPS) $(LLGUIDANCE_DEPS)
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/glmctl
 
 # Everything CI runs: lint, the link check, the CUDA compile+link with nvcc from
@@ -43,10 +45,10 @@ test: lint link-check cuda-check release-check venv
 # input in testdata/fuzz/FuzzXxx/ for go test to replay: commit it with the fix.
 # scripts/fuzz.sh tells a crasher from Go's fuzztime-boundary race.
 FUZZTIME ?= 10s
-fuzz: $(TOKENIZERS_DEPS)
+fuzz: $(TOKENIZERS_DEPS) $(LLGUIDANCE_DEPS)
 	@GO="$(GO)" scripts/fuzz.sh $(FUZZTIME)
 
-lint: $(TOKENIZERS_DEPS)
+lint: $(TOKENIZERS_DEPS) $(LLGUIDANCE_DEPS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...

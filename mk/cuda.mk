@@ -15,7 +15,7 @@ BIN ?= bin/glmctl
 
 .PHONY: link-check cuda-check cuda-lib
 
-link-check: $(TOKENIZERS_DEPS)
+link-check: $(TOKENIZERS_DEPS) $(LLGUIDANCE_DEPS)
 	$(GO) build -tags nonvml -o /dev/null ./cmd/glmctl
 
 cuda-check: build
