@@ -11,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/glmctl/glmctl/pkg/engine"
+	"github.com/glmctl/glmctl/pkg/grammar"
 	"github.com/glmctl/glmctl/pkg/server"
 	"github.com/glmctl/glmctl/pkg/tokenizer"
 	"github.com/glmctl/glmctl/pkg/tokenizer/chat"
@@ -147,6 +149,21 @@ func (a *app) runServe(ctx context.Context) error {
 		log.Info("GPU telemetry off: no glmctl_gpu_* metrics", "reason", noGPUReason(info.Name))
 	}
 
+	// Structured outputs: the model's vocabulary for the grammar library
+	// (about a second for GLM-4.7's 151k tokens, once).
+	var gram *grammar.Vocab
+	eos := make([]int, len(stopIDs))
+	for i, id := range stopIDs {
+		eos[i] = int(id)
+	}
+	t0 := time.Now()
+	if gram, err = grammar.NewVocabFromTokenizerJSON(filepath.Join(tokDir, "tokenizer.json"), info.VocabSize, eos); err != nil {
+		log.Warn("structured outputs off: no grammar vocabulary", "err", err)
+		gram = nil
+	} else {
+		log.Info("structured outputs on", "grammar", "llguidance "+grammar.Version, "vocab", info.VocabSize, "seconds", time.Since(t0).Seconds())
+	}
+
 	srv, err := server.New(server.Options{
 		Backend: backend,
 		Engine: engine.Config{
@@ -159,6 +176,7 @@ func (a *app) runServe(ctx context.Context) error {
 		},
 		Tokenizer:       tokenizer.ServerTokenizer{Tok: tok},
 		Chat:            format,
+		Grammar:         gram,
 		ModelName:       name,
 		APIKey:          v.GetString("api-key"),
 		Addr:            net.JoinHostPort(v.GetString("host"), strconv.Itoa(port)),

@@ -164,3 +164,27 @@ func (noMaskBackend) Close() error { return nil }
 func (noMaskBackend) Step(context.Context, *engine.StepBatch) ([]engine.SeqResult, error) {
 	return nil, errors.New("noMaskBackend never steps")
 }
+
+// allowAll allows every token and is never done.
+type allowAll struct{ vocab int }
+
+func (a allowAll) FillMask(dst []uint32) error {
+	for i := range dst {
+		dst[i] = ^uint32(0)
+	}
+	return nil
+}
+func (allowAll) Accept(int32) error { return nil }
+func (allowAll) Done() bool         { return false }
+func (allowAll) Close()             {}
+
+// A constraint that allows every token leaves greedy output unchanged.
+func TestConstraintAllowingEverythingKeepsGreedy(t *testing.T) {
+	eng, _ := startCPUEngine(t, 64, engine.Config{})
+	greedy := engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1}
+	free, _ := collectCPU(t, eng, &engine.Request{PromptTokens: []int32{5, 17, 300, 42, 999, 7}, MaxTokens: 32, IgnoreEOS: true, Sampling: greedy})
+	all, _ := collectCPU(t, eng, &engine.Request{PromptTokens: []int32{5, 17, 300, 42, 999, 7}, MaxTokens: 32, IgnoreEOS: true, Sampling: greedy, Constraint: allowAll{}})
+	if !slices.Equal(free, all) || len(free) != 32 {
+		t.Fatalf("greedy with an allow-all constraint %v, without %v", all, free)
+	}
+}

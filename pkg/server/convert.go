@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/glmctl/glmctl/pkg/engine"
+	"github.com/glmctl/glmctl/pkg/grammar"
 	"github.com/glmctl/glmctl/pkg/server/openai"
 	"github.com/glmctl/glmctl/pkg/tokenizer/chat"
 )
@@ -58,6 +59,7 @@ type genParams struct {
 	maxTokens int
 	stop      []string
 	ignoreEOS bool
+	grammar   *grammar.Grammar // structured outputs; nil = free text
 }
 
 // toEngineRequest builds the engine request for one prompt.
@@ -69,6 +71,7 @@ func toEngineRequest(ids []int32, g genParams) *engine.Request {
 		MaxTokens:    g.maxTokens,
 		StopStrings:  g.stop,
 		IgnoreEOS:    g.ignoreEOS,
+		Constraint:   newGrammarConstraint(g.grammar),
 	}
 }
 
@@ -140,6 +143,9 @@ func choiceRequests(prompts []*engine.Request, n int) []*engine.Request {
 			c := *r
 			if c.Sampling.HasSeed {
 				c.Sampling.Seed += int64(j)
+			}
+			if j > 0 {
+				c.Constraint = freshConstraint(r.Constraint) // a matcher per choice
 			}
 			out = append(out, &c)
 		}

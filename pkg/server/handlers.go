@@ -229,9 +229,24 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, openai.BadRequest("messages", "this model has no chat template: use /v1/completions"))
 		return
 	}
+	gram, aerr := s.compileFormat(req.Format)
+	if aerr != nil {
+		s.fail(w, ri, aerr)
+		return
+	}
 	cp := ChatPrompt{
 		Messages: toChatMessages(req.Messages), Tools: toolObjects(req.Tools, req.ToolChoice),
 		EnableThinking: req.EnableThinking, ClearThinking: req.ClearThinking,
+	}
+	if gram != nil {
+		// The grammar covers the answer, not a reasoning section: GLM's
+		// <think> tag is outside every JSON, regex or grammar output.
+		if req.EnableThinking != nil && *req.EnableThinking {
+			s.fail(w, ri, openai.BadRequest(req.Format.Param, "%s: structured outputs with thinking enabled are not supported; leave thinking off (the default with a format)", req.Format.Param))
+			return
+		}
+		off := false
+		cp.EnableThinking = &off
 	}
 	ids, _, err := EncodeChat(s.opts.Chat, s.opts.Tokenizer, cp)
 	if re := (*RenderError)(nil); errors.As(err, &re) {
@@ -251,6 +266,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		maxTokens: req.MaxTokens,
 		stop:      req.Stop,
 		ignoreEOS: req.IgnoreEOS,
+		grammar:   gram,
 	}
 	cs, aerr := s.startChoices(r.Context(), []*engine.Request{toEngineRequest(ids, g)}, req.N)
 	if aerr != nil {
@@ -479,12 +495,18 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if logprobs {
 		top = *req.Logprobs
 	}
+	gram, aerr := s.compileFormat(req.Format)
+	if aerr != nil {
+		s.fail(w, ri, aerr)
+		return
+	}
 	g := genParams{
 		label:     ri.id,
 		sampling:  toSamplingParams(req.Sampling, s.opts.Sampling, logprobs, top),
 		maxTokens: maxTokens,
 		stop:      req.Stop,
 		ignoreEOS: req.IgnoreEOS,
+		grammar:   gram,
 	}
 	ereqs := make([]*engine.Request, len(req.Prompts))
 	echo := make([]string, len(req.Prompts))

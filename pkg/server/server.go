@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/glmctl/glmctl/pkg/engine"
+	"github.com/glmctl/glmctl/pkg/grammar"
 	"github.com/glmctl/glmctl/pkg/tokenizer/chat"
 )
 
@@ -104,6 +105,9 @@ type Options struct {
 	// prompts; a nil Chat makes that endpoint answer 400.
 	Tokenizer Tokenizer
 	Chat      ChatFormat
+	// Grammar is the model's vocabulary for structured outputs
+	// (response_format, guided_*): nil makes such requests a 400.
+	Grammar *grammar.Vocab
 	// ModelName is the id served by /v1/models; requests naming another
 	// model get 404 (an empty "model" is accepted).
 	ModelName string

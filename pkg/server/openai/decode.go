@@ -63,9 +63,6 @@ type chatWire struct {
 	Thinking *struct {
 		Type *string `json:"type"`
 	} `json:"thinking"`
-	ResponseFormat *struct {
-		Type *string `json:"type"`
-	} `json:"response_format"`
 	LogitBias map[string]float64 `json:"logit_bias"`
 	IgnoreEOS *bool              `json:"ignore_eos"`
 }
@@ -162,8 +159,8 @@ func DecodeChatRequest(body []byte) (*ChatRequest, *Error) {
 	if len(w.LogitBias) > 0 {
 		return nil, BadRequest("logit_bias", "logit_bias is not supported")
 	}
-	if rf := w.ResponseFormat; rf != nil && rf.Type != nil && *rf.Type != "text" {
-		return nil, BadRequest("response_format.type", "response_format %q is not supported: glmctl has no constrained decoding (only \"text\")", *rf.Type)
+	if req.Format, err = decodeFormat(body); err != nil {
+		return nil, err
 	}
 	req.IgnoreEOS = w.IgnoreEOS != nil && *w.IgnoreEOS
 	if kw := w.ChatTemplateKwargs; kw != nil {
@@ -241,6 +238,9 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 		return nil, err
 	}
 	req.IgnoreEOS = w.IgnoreEOS != nil && *w.IgnoreEOS
+	if req.Format, err = decodeFormat(body); err != nil {
+		return nil, err
+	}
 	if req.Prompts, err = decodePrompt(w.Prompt); err != nil {
 		return nil, err
 	}

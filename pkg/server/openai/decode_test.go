@@ -133,7 +133,10 @@ func TestDecodeErrors(t *testing.T) {
 		{`{` + msgs + `,"tool_choice":3}`, "tool_choice", "string or an object"},
 		{`{` + msgs + `,"chat_template_kwargs":{"enable_thinking":"no"}}`, "chat_template_kwargs.enable_thinking", "boolean"},
 		{`{` + msgs + `,"thinking":{"type":"maybe"}}`, "thinking.type", "enabled"},
-		{`{` + msgs + `,"response_format":{"type":"json_object"}}`, "response_format.type", "not supported"},
+		{`{` + msgs + `,"response_format":{"type":"yaml"}}`, "response_format.type", `"yaml" must be "text", "json_object" or "json_schema"`},
+		{`{` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}},"guided_regex":"a"}`, "guided_regex", "both constrain the output"},
+		{`{` + msgs + `,"guided_json":"{not json"}`, "guided_json", "not valid JSON"},
+		{`{` + msgs + `,"guided_choice":[]}`, "guided_choice", "at least one choice"},
 		{`{` + msgs + `,"logit_bias":{"5":1}}`, "logit_bias", "not supported"},
 		{`{` + msgs + `,"model":5}`, "model", "string"},
 	}
@@ -236,6 +239,34 @@ func TestDecodeN(t *testing.T) {
 		}
 		if got != tc.want {
 			t.Errorf("%s: n = %d, want %d", tc.body, got, tc.want)
+		}
+	}
+}
+
+// The structured-output fields decode into one Format.
+func TestDecodeFormat(t *testing.T) {
+	const msgs = `"messages":[{"role":"user","content":"x"}]`
+	tests := []struct {
+		body string
+		want *Format
+	}{
+		{`{` + msgs + `}`, nil},
+		{`{` + msgs + `,"response_format":{"type":"text"}}`, nil},
+		{`{` + msgs + `,"response_format":{"type":"json_object"}}`, &Format{Kind: FormatJSONObject, Param: "response_format"}},
+		{`{` + msgs + `,"response_format":{"type":"json_schema","json_schema":{"name":"p","schema":{"type":"object"},"strict":true}}}`,
+			&Format{Kind: FormatJSONSchema, Schema: json.RawMessage(`{"type":"object"}`), Name: "p", Param: "response_format.json_schema.schema"}},
+		{`{` + msgs + `,"guided_json":"{\"type\":\"array\"}"}`, &Format{Kind: FormatJSONSchema, Schema: json.RawMessage(`{"type":"array"}`), Param: "guided_json"}},
+		{`{` + msgs + `,"guided_regex":"[0-9]+"}`, &Format{Kind: FormatRegex, Pattern: "[0-9]+", Param: "guided_regex"}},
+		{`{` + msgs + `,"guided_grammar":"start: \"a\""}`, &Format{Kind: FormatGrammar, Grammar: `start: "a"`, Param: "guided_grammar"}},
+		{`{` + msgs + `,"guided_choice":["a.b","c"]}`, &Format{Kind: FormatRegex, Pattern: `(a\.b|c)`, Param: "guided_choice"}},
+	}
+	for _, tt := range tests {
+		req, err := DecodeChatRequest([]byte(tt.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		if !reflect.DeepEqual(req.Format, tt.want) {
+			t.Errorf("%s: format %+v, want %+v", tt.body, req.Format, tt.want)
 		}
 	}
 }

@@ -59,6 +59,8 @@ type ChatRequest struct {
 	EnableThinking *bool
 	ClearThinking  *bool
 	IgnoreEOS      bool
+	// Format constrains the output (structured outputs); nil = free text.
+	Format *Format
 }
 
 // Message is one chat message with its content flattened to text.
@@ -112,6 +114,9 @@ type CompletionRequest struct {
 	Stream       bool
 	IncludeUsage bool
 	IgnoreEOS    bool
+	// Format constrains each completion (vLLM's guided_* parameters, or
+	// response_format); nil = free text.
+	Format *Format
 }
 
 // Prompt is one completion prompt: Text, or TokenIDs when IsTokens.
