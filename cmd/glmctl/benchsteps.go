@@ -18,6 +18,7 @@ func addStepBenchFlags(f *pflag.FlagSet) {
 	f.String("contexts", "1024,4096,16384", "decode-step grid: comma-separated context lengths (keys each sequence attends to)")
 	f.Int("steps", 20, "decode-step grid: timed steps per cell")
 	f.Int("warmup-steps", 3, "decode-step grid: untimed steps per cell before the timed ones (the first capture CUDA graphs)")
+	f.Bool("token-masks", false, "decode-step grid: sample every sequence under a token mask allowing a random half of the vocabulary (the cost of structured outputs on the step)")
 	f.Bool("profile", false, "also report GPU time per kernel family, bytes moved and bandwidth per family (backends that can profile: cuda)")
 }
 
@@ -55,6 +56,7 @@ func (a *app) stepGridFromFlags() (g bench.StepGrid, ok bool, err error) {
 		return g, true, err
 	}
 	g.Steps, g.Warmup, g.Seed = v.GetInt("steps"), v.GetInt("warmup-steps"), v.GetInt64("seed")
+	g.TokenMasks = v.GetBool("token-masks")
 	if g.Steps < 1 {
 		return g, true, fmt.Errorf("--steps: %d must be >= 1", g.Steps)
 	}

@@ -23,6 +23,11 @@ type StepGrid struct {
 	Steps    int   `json:"steps"`  // timed steps per cell
 	Warmup   int   `json:"warmup"` // untimed steps before (the first ones capture CUDA graphs)
 	Seed     int64 `json:"seed"`
+	// TokenMasks samples every sequence under a token mask that allows a
+	// random half of the vocabulary (structured outputs): the step time then
+	// includes the masks' trip to the backend and the masked sampler, not
+	// the grammar's CPU time (pkg/grammar's benchmarks measure that).
+	TokenMasks bool `json:"token_masks,omitempty"`
 }
 
 // Limits of a step grid.
@@ -110,7 +115,7 @@ func RunSteps(ctx context.Context, be engine.Backend, g StepGrid, prof Profiler,
 				}
 				continue
 			}
-			batch := stepBatch(b, c, perSeq, info.VocabSize, rng)
+			batch := stepBatch(b, c, perSeq, info.VocabSize, g.TokenMasks, rng)
 			for range g.Warmup {
 				if _, err := be.Step(ctx, batch); err != nil {
 					return out, fmt.Errorf("batch %d context %d: warm-up step: %w", b, c, err)
@@ -157,7 +162,7 @@ func RunSteps(ctx context.Context, be engine.Backend, g StepGrid, prof Profiler,
 
 // stepBatch is batch sequences of one new token each at position context-1,
 // with disjoint block tables (sequence i owns blocks i*perSeq ..), greedy.
-func stepBatch(batch, context, perSeq, vocab int, rng *rand.Rand) *engine.StepBatch {
+func stepBatch(batch, context, perSeq, vocab int, masks bool, rng *rand.Rand) *engine.StepBatch {
 	sb := &engine.StepBatch{Seqs: make([]engine.StepSeq, batch)}
 	for i := range sb.Seqs {
 		table := make([]int32, perSeq)
@@ -171,6 +176,14 @@ func stepBatch(batch, context, perSeq, vocab int, rng *rand.Rand) *engine.StepBa
 			BlockTable: table,
 			Sample:     true,
 			Sampling:   engine.SamplingParams{TopP: 1, RepetitionPenalty: 1},
+		}
+		if masks {
+			m := make([]uint32, engine.MaskWords(vocab))
+			for w := range m {
+				m[w] = rng.Uint32()
+			}
+			m[0] |= 1 // never empty
+			sb.Seqs[i].AllowedTokens = m
 		}
 	}
 	return sb

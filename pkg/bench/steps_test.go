@@ -40,12 +40,41 @@ type countingBackend struct {
 	engine.Backend
 	steps   int
 	batches []int
+	masked  int // sequences stepped with a token mask
+	escaped int // of those, sampled tokens the mask does not allow
 }
 
 func (b *countingBackend) Step(ctx context.Context, sb *engine.StepBatch) ([]engine.SeqResult, error) {
 	b.steps++
 	b.batches = append(b.batches, len(sb.Seqs))
-	return b.Backend.Step(ctx, sb)
+	res, err := b.Backend.Step(ctx, sb)
+	for i := range sb.Seqs {
+		if m := sb.Seqs[i].AllowedTokens; m != nil && err == nil {
+			b.masked++
+			if !engine.Allowed(m, res[i].Token) {
+				b.escaped++
+			}
+		}
+	}
+	return res, err
+}
+
+// With TokenMasks every sequence of every step carries a mask, and the
+// backend samples inside it.
+func TestRunStepsTokenMasks(t *testing.T) {
+	be, err := cpu.Open(tinyDir, cpu.Options{KVBlockSize: 16, NumKVBlocks: 64, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer be.Close()
+	cb := &countingBackend{Backend: be}
+	g := StepGrid{Batches: []int{2}, Contexts: []int{20}, Steps: 3, Warmup: 1, Seed: 1, TokenMasks: true}
+	if _, err := RunSteps(context.Background(), cb, g, nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if cb.masked != 2*(g.Warmup+g.Steps) || cb.escaped != 0 {
+		t.Fatalf("%d masked sequences (want %d), %d tokens outside their mask", cb.masked, 2*(g.Warmup+g.Steps), cb.escaped)
+	}
 }
 
 func TestRunStepsTinyCPU(t *testing.T) {
