@@ -12,6 +12,8 @@
 #   kernels  attention decode bench next to PyTorch SDPA on the same shapes;
 #            the small-kernel bench; the tensor-core streaming GEMM next to
 #            cuBLASLt and gemm_fp8_stream (stream_tc_check --bench-only)
+#   masks    the decode step with and without token masks (bench --token-masks), and
+#            pkg/grammar's mask benchmarks (bin/grammar.test) on this machine's CPUs
 #   grid     glmctl bench --synthetic glm-4.7 --rank 0/8: decode step time at
 #            batch {1,4,16,64,128,256} x context {1k,4k,16k}, floor and ratio
 #   profile  the same at context 2k for batch 1, 64, 256 with --profile, graphs
@@ -136,6 +138,24 @@ if want grid; then
   cp "$LOG/grid.md" "$FINAL/" 2>/dev/null
 fi
 
+if want masks; then
+  # Structured outputs (issue 18): the decode step with and without token masks,
+  # alternated twice; then the CPU side, llguidance's masks on a 151k vocabulary
+  # (Qwen3's tokenizer, GLM-4.7-sized) on this machine's cores.
+  for rep in 1 2; do
+    for m in off on; do
+      flag=""; [[ $m == on ]] && flag="--token-masks"
+      timeout "$T" "$G" bench "${SYN[@]}" --batches 1,64,256 --contexts 2048 --steps 20 --warmup-steps 3 $flag \
+        --markdown >"$LOG/masks-$m-$rep.md" 2>"$LOG/masks-$m-$rep.err" || fail "bench masks $m FAIL ($(tail -1 "$LOG/masks-$m-$rep.err"))"
+    done
+  done
+  note "bench masks           done (masks-*.md)"
+  if [[ -x bin/grammar.test ]]; then
+    (cd pkg/grammar && timeout "$T" ../../bin/grammar.test -test.run '^$' -test.bench . -test.benchtime 2s) >"$LOG/grammar-bench.txt" 2>&1 ||
+      fail "grammar benchmarks FAIL"
+  fi
+fi
+
 if want profile; then
   modes=(on); [[ "${PROFILE_OFF:-0}" == 1 ]] && modes=(on off)
   for g in "${modes[@]}"; do
@@ -212,7 +232,7 @@ if want prefill; then
 fi
 
 echo
-for f in ttft-2048.md ttft-8192.md ttft-32768.md arrival.md grid.md profile-graphs-on.md e2e.md; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
+for f in ttft-2048.md ttft-8192.md ttft-32768.md arrival.md grid.md profile-graphs-on.md e2e.md masks-off-1.md masks-on-1.md masks-off-2.md masks-on-2.md grammar-bench.txt; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
 [[ -f "$LOG/prefill-bench.txt" ]] && { echo "==== prefill attention (ours, then SDPA)"; tail -12 "$LOG/prefill-bench.txt"; tail -11 "$LOG/prefill-sdpa.txt"; }
 [[ -f "$LOG/attn-bench.txt" ]] && { echo "==== attention (ours, then SDPA)"; tail -45 "$LOG/attn-bench.txt"; tail -40 "$LOG/sdpa.txt"; }
 echo; echo "==== gpu-perf ($(head -1 "$LOG/device.txt"))"
