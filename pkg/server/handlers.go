@@ -229,7 +229,21 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, openai.BadRequest("messages", "this model has no chat template: use /v1/completions"))
 		return
 	}
-	gram, aerr := s.compileFormat(req.Format)
+	format := req.Format
+	if req.ToolChoice == openai.ToolChoiceRequired || req.ToolChoice == openai.ToolChoiceFunction {
+		// A forced call: GLM-4.7's tool-call format over the tools' schemas.
+		if format != nil {
+			s.fail(w, ri, openai.BadRequest("tool_choice", "tool_choice %q forces a tool call and %s constrains the answer: give one of them", req.ToolChoice, format.Param))
+			return
+		}
+		lark, err := toolCallGrammar(req.Tools, req.ToolChoiceName)
+		if err != nil {
+			s.fail(w, ri, openai.BadRequest("tools", "tools: %v", err))
+			return
+		}
+		format = &openai.Format{Kind: openai.FormatGrammar, Grammar: lark, Param: "tool_choice"}
+	}
+	gram, aerr := s.compileFormat(format)
 	if aerr != nil {
 		s.fail(w, ri, aerr)
 		return
@@ -242,7 +256,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		// The grammar covers the answer, not a reasoning section: GLM's
 		// <think> tag is outside every JSON, regex or grammar output.
 		if req.EnableThinking != nil && *req.EnableThinking {
-			s.fail(w, ri, openai.BadRequest(req.Format.Param, "%s: structured outputs with thinking enabled are not supported; leave thinking off (the default with a format)", req.Format.Param))
+			s.fail(w, ri, openai.BadRequest(format.Param, "%s: structured outputs and forced tool calls with thinking enabled are not supported; leave thinking off (the default with a format)", format.Param))
 			return
 		}
 		off := false

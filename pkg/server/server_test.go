@@ -304,7 +304,7 @@ func TestErrors(t *testing.T) {
 		{"max_tokens beyond context", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"max_tokens":100000}`, 400, "max_tokens", "maximum context length is 2048"},
 		{"prompt too long", "/v1/completions", `{"prompt":"` + strings.Repeat("y", 2100) + `"}`, 400, "prompt", "maximum context length"},
 		{"token id out of vocab", "/v1/completions", `{"prompt":[1,299,300]}`, 400, "prompt", "outside the vocabulary"},
-		{"tool_choice required", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}`, 400, "tool_choice", "not supported"},
+		{"tool_choice required", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}`, 400, "tool_choice", "needs tools"},
 		{"unknown model", "/v1/completions", `{"model":"gpt-4","prompt":"x"}`, 404, "model", "does not exist"},
 		{"body too large", "/v1/completions", big, 413, "", "limit of 4096 bytes"},
 		{"unknown route", "/v1/embeddings", `{}`, 404, "", "no route"},

@@ -49,7 +49,7 @@ func startStructuredServer(t *testing.T) string {
 	}
 	s, err := server.New(server.Options{
 		Backend: be, Tokenizer: tokenizer.ServerTokenizer{Tok: tok}, Chat: server.GLMChat{Variant: chat.GLM47},
-		Grammar: vocab, ModelName: "tiny", Engine: engine.Config{MaxSeqs: 32, EOSTokenIDs: tok.StopIDs},
+		Grammar: vocab, ModelName: "tiny", Engine: engine.Config{MaxSeqs: 32, EOSTokenIDs: tok.StopIDs, PrefixCaching: true},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -273,5 +273,74 @@ func TestStructuredOutputErrors(t *testing.T) {
 	})
 	if code != 400 || !strings.Contains(string(out), "thinking enabled") {
 		t.Fatalf("format with thinking: %d %s", code, out)
+	}
+}
+
+// A forced tool call (tool_choice "required" or naming a function) through
+// chat completions: every choice is a tool call of an offered tool whose
+// arguments validate against its parameters schema, finish_reason
+// "tool_calls".
+func TestForcedToolCalls(t *testing.T) {
+	url := startStructuredServer(t)
+	weather := `{"type":"object","properties":{"city":{"type":"string","maxLength":12},"days":{"type":"integer","minimum":1,"maximum":7},"unit":{"enum":["c","f"],"type":"string"}},"required":["city","days"],"additionalProperties":false}`
+	search := `{"type":"object","properties":{"query":{"type":"string","maxLength":20},"tags":{"type":"array","items":{"type":"string","maxLength":6},"maxItems":3}},"required":["query"],"additionalProperties":false}`
+	schemas := map[string]*jsonschema.Schema{"get_weather": compileSchema(t, 100, weather), "search": compileSchema(t, 101, search)}
+	tools := []map[string]any{
+		{"type": "function", "function": map[string]any{"name": "get_weather", "parameters": json.RawMessage(weather)}},
+		{"type": "function", "function": map[string]any{"name": "search", "parameters": json.RawMessage(search)}},
+	}
+	calls := 0
+	for _, choice := range []any{"required", map[string]any{"type": "function", "function": map[string]any{"name": "search"}}} {
+		for seed := range 4 {
+			code, body := postJSON(t, url+"/v1/chat/completions", map[string]any{
+				"messages": []map[string]string{{"role": "user", "content": "What's the weather in Paris?"}},
+				"tools":    tools, "tool_choice": choice, "n": 8, "temperature": 1.0, "seed": seed, "max_tokens": 300,
+			})
+			if code != 200 {
+				t.Fatalf("tool_choice %v: %d %s", choice, code, body)
+			}
+			var resp struct {
+				Choices []struct {
+					Message struct {
+						Content   *string `json:"content"`
+						ToolCalls []struct {
+							Function struct {
+								Name      string `json:"name"`
+								Arguments string `json:"arguments"`
+							} `json:"function"`
+						} `json:"tool_calls"`
+					} `json:"message"`
+					FinishReason string `json:"finish_reason"`
+				}
+			}
+			if err := json.Unmarshal(body, &resp); err != nil {
+				t.Fatal(err)
+			}
+			for i, c := range resp.Choices {
+				if c.FinishReason != "tool_calls" || len(c.Message.ToolCalls) == 0 {
+					t.Errorf("tool_choice %v choice %d: finish %q, %d calls, content %v", choice, i, c.FinishReason, len(c.Message.ToolCalls), c.Message.Content)
+					continue
+				}
+				for _, tc := range c.Message.ToolCalls {
+					sch := schemas[tc.Function.Name]
+					if sch == nil || (choice != "required" && tc.Function.Name != "search") {
+						t.Errorf("tool_choice %v: call to %q", choice, tc.Function.Name)
+						continue
+					}
+					v, err := jsonschema.UnmarshalJSON(strings.NewReader(tc.Function.Arguments))
+					if err == nil {
+						err = sch.Validate(v)
+					}
+					if err != nil {
+						t.Errorf("%s(%s): %v", tc.Function.Name, tc.Function.Arguments, err)
+					}
+					calls++
+				}
+			}
+		}
+	}
+	t.Logf("%d forced tool calls checked", calls)
+	if calls < 64 {
+		t.Fatalf("only %d calls", calls)
 	}
 }

@@ -179,8 +179,22 @@ func DecodeChatRequest(body []byte) (*ChatRequest, *Error) {
 	if req.Tools, err = decodeTools(w.Tools); err != nil {
 		return nil, err
 	}
-	if req.ToolChoice, err = decodeToolChoice(w.ToolChoice); err != nil {
+	if req.ToolChoice, req.ToolChoiceName, err = decodeToolChoice(w.ToolChoice); err != nil {
 		return nil, err
+	}
+	switch req.ToolChoice {
+	case ToolChoiceRequired:
+		if len(req.Tools) == 0 {
+			return nil, BadRequest("tool_choice", "tool_choice \"required\" needs tools")
+		}
+	case ToolChoiceFunction:
+		found := false
+		for _, t := range req.Tools {
+			found = found || t.Name == req.ToolChoiceName
+		}
+		if !found {
+			return nil, BadRequest("tool_choice.function.name", "tool_choice names function %q, which is not among the tools", req.ToolChoiceName)
+		}
 	}
 	if req.Messages, err = decodeMessages(w.Messages); err != nil {
 		return nil, err
@@ -384,7 +398,11 @@ func decodeTools(raws []json.RawMessage) ([]Tool, *Error) {
 		if p := w.Function.Parameters; !isNull(p) && bytes.TrimSpace(p)[0] != '{' {
 			return nil, BadRequest(param+".function.parameters", "%s.function.parameters must be a JSON schema object", param)
 		}
-		tools = append(tools, Tool{Name: name, Raw: bytes.Clone(bytes.TrimSpace(raw))})
+		tool := Tool{Name: name, Raw: bytes.Clone(bytes.TrimSpace(raw))}
+		if p := w.Function.Parameters; !isNull(p) {
+			tool.Parameters = bytes.Clone(p)
+		}
+		tools = append(tools, tool)
 	}
 	return tools, nil
 }
@@ -402,27 +420,38 @@ func checkToolName(name string) error {
 	return nil
 }
 
-func decodeToolChoice(raw json.RawMessage) (ToolChoice, *Error) {
+func decodeToolChoice(raw json.RawMessage) (ToolChoice, string, *Error) {
 	if isNull(raw) {
-		return ToolChoiceAuto, nil
+		return ToolChoiceAuto, "", nil
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		switch s {
 		case "auto":
-			return ToolChoiceAuto, nil
+			return ToolChoiceAuto, "", nil
 		case "none":
-			return ToolChoiceNone, nil
+			return ToolChoiceNone, "", nil
 		case "required":
-			return "", BadRequest("tool_choice", "tool_choice \"required\" is not supported: forcing a call needs constrained decoding (use \"auto\")")
+			return ToolChoiceRequired, "", nil
 		}
-		return "", BadRequest("tool_choice", "tool_choice %q must be \"auto\" or \"none\"", s)
+		return "", "", BadRequest("tool_choice", "tool_choice %q must be \"auto\", \"none\", \"required\" or an object naming a function", s)
 	}
-	var obj map[string]json.RawMessage
+	var obj struct {
+		Type     *string `json:"type"`
+		Function *struct {
+			Name *string `json:"name"`
+		} `json:"function"`
+	}
 	if json.Unmarshal(raw, &obj) == nil {
-		return "", BadRequest("tool_choice", "tool_choice naming a function is not supported: forcing a call needs constrained decoding (use \"auto\")")
+		if obj.Type == nil || *obj.Type != "function" {
+			return "", "", BadRequest("tool_choice.type", "tool_choice.type must be \"function\"")
+		}
+		if obj.Function == nil || obj.Function.Name == nil {
+			return "", "", BadRequest("tool_choice.function.name", "tool_choice.function.name is required")
+		}
+		return ToolChoiceFunction, *obj.Function.Name, nil
 	}
-	return "", BadRequest("tool_choice", "tool_choice: expected a string or an object")
+	return "", "", BadRequest("tool_choice", "tool_choice: expected a string or an object")
 }
 
 func decodeMessages(raws []json.RawMessage) ([]Message, *Error) {

@@ -54,6 +54,8 @@ type ChatRequest struct {
 	// chat template), with their function names.
 	Tools      []Tool
 	ToolChoice ToolChoice
+	// ToolChoiceName is the function tool_choice names (ToolChoiceFunction).
+	ToolChoiceName string
 	// EnableThinking and ClearThinking come from chat_template_kwargs (or
 	// Z.ai's "thinking": {"type": "enabled"|"disabled"}); nil = not given.
 	EnableThinking *bool
@@ -85,17 +87,21 @@ type MessageToolCall struct {
 type Tool struct {
 	Name string
 	Raw  json.RawMessage
+	// Parameters is function.parameters (a JSON schema object), or nil.
+	Parameters json.RawMessage
 }
 
-// ToolChoice is the request's tool_choice: "auto" (default) or "none".
-// Forcing a call ("required", a named function) needs constrained decoding,
-// which glmctl does not do; those are rejected at decode time.
+// ToolChoice is the request's tool_choice: "auto" (default), "none",
+// "required" (at least one call) or "function" (a call to
+// ChatRequest.ToolChoiceName); the last two are enforced by a grammar.
 type ToolChoice string
 
 // Tool choices accepted.
 const (
-	ToolChoiceAuto ToolChoice = "auto"
-	ToolChoiceNone ToolChoice = "none"
+	ToolChoiceAuto     ToolChoice = "auto"
+	ToolChoiceNone     ToolChoice = "none"
+	ToolChoiceRequired ToolChoice = "required"
+	ToolChoiceFunction ToolChoice = "function"
 )
 
 // CompletionRequest is a validated POST /v1/completions body.
