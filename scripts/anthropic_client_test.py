@@ -367,8 +367,8 @@ def _(c):
     api_error(lambda: c.create(messages=[{"role": "user", "content": [
         {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]),
         anthropic.BadRequestError, 400, "invalid_request_error", "messages.0.content.0.type")
-    api_error(lambda: c.create(tools=[WEATHER], tool_choice={"type": "any"}), anthropic.BadRequestError, 400,
-              "invalid_request_error", "constrained decoding")
+    api_error(lambda: c.create(tool_choice={"type": "any"}), anthropic.BadRequestError, 400,
+              "invalid_request_error", "needs tools")
     api_error(lambda: c.create(max_tokens=10_000_000), anthropic.BadRequestError, 400, "invalid_request_error",
               "maximum context length")
     api_error(lambda: c.create(extra_body={"max_tokens": None}), anthropic.BadRequestError, 400, "invalid_request_error",

@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/glmctl/glmctl/pkg/engine"
+	"github.com/glmctl/glmctl/pkg/grammar"
 	"github.com/glmctl/glmctl/pkg/server/anthropic"
+	"github.com/glmctl/glmctl/pkg/server/openai"
 	"github.com/glmctl/glmctl/pkg/tokenizer/chat"
 )
 
@@ -93,6 +95,11 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		s.failAnthropic(w, ri, toAnthropicError(oerr))
 		return
 	}
+	gram, aerr := s.anthropicGrammar(req)
+	if aerr != nil {
+		s.failAnthropic(w, ri, aerr)
+		return
+	}
 	cp, ids, aerr := s.renderAnthropic(&req.Prompt)
 	if aerr != nil {
 		s.failAnthropic(w, ri, aerr)
@@ -107,6 +114,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		sampling:  toSamplingParams(anthropicSampling(req), s.opts.Sampling, false, 0),
 		maxTokens: req.MaxTokens,
 		stop:      req.StopSequences,
+		grammar:   gram,
 	}
 	streams, oerr := s.submitAll(r.Context(), []*engine.Request{toEngineRequest(ids, g)})
 	if oerr != nil {
@@ -251,4 +259,40 @@ func (s *sseWriter) event(name string, v any) error {
 	out = append(out, "\ndata: "...)
 	out = append(out, b...)
 	return s.write(append(out, '\n', '\n'))
+}
+
+// anthropicGrammar compiles a Messages request's structured output
+// (output_config.format) or forced tool call (tool_choice any / tool), if
+// any, and turns thinking off for it (the grammar covers the answer).
+func (s *Server) anthropicGrammar(req *anthropic.MessagesRequest) (*grammar.Grammar, *anthropic.Error) {
+	var f *openai.Format
+	forced := req.ToolChoice == anthropic.ToolChoiceAny || req.ToolChoice == anthropic.ToolChoiceTool
+	switch {
+	case forced && req.OutputSchema != nil:
+		return nil, anthropic.BadRequest("tool_choice", "tool_choice %q forces a tool call and output_config.format constrains the answer: give one of them", req.ToolChoice)
+	case forced:
+		tools := make([]openai.Tool, len(req.Tools))
+		for i, t := range req.Tools {
+			tools[i] = openai.Tool{Name: t.Name, Parameters: t.InputSchema}
+		}
+		lark, err := toolCallGrammar(tools, req.ToolChoiceName)
+		if err != nil {
+			return nil, anthropic.BadRequest("tools", "tools: %v", err)
+		}
+		f = &openai.Format{Kind: openai.FormatGrammar, Grammar: lark, Param: "tool_choice"}
+	case req.OutputSchema != nil:
+		f = &openai.Format{Kind: openai.FormatJSONSchema, Schema: req.OutputSchema, Param: "output_config.format.schema"}
+	default:
+		return nil, nil
+	}
+	if req.Thinking != nil && *req.Thinking {
+		return nil, anthropic.BadRequest(f.Param, "%s: structured outputs and forced tool calls with thinking enabled are not supported; leave thinking off", f.Param)
+	}
+	off := false
+	req.Thinking = &off
+	g, oerr := s.compileFormat(f)
+	if oerr != nil {
+		return nil, toAnthropicError(oerr)
+	}
+	return g, nil
 }

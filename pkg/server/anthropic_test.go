@@ -317,7 +317,7 @@ func TestMessagesErrors(t *testing.T) {
 		{"not json", "/v1/messages", `{"max_tokens":`, 400, "invalid_request_error", "invalid JSON"},
 		{"max_tokens missing", "/v1/messages", `{` + msg + `}`, 400, "invalid_request_error", "max_tokens: field required"},
 		{"image", "/v1/messages", `{"max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}`, 400, "invalid_request_error", "messages.0.content.0.type"},
-		{"tool_choice any", "/v1/messages", `{"max_tokens":5,` + msg + `,"tool_choice":{"type":"any"}}`, 400, "invalid_request_error", "constrained decoding"},
+		{"tool_choice any without tools", "/v1/messages", `{"max_tokens":5,` + msg + `,"tool_choice":{"type":"any"}}`, 400, "invalid_request_error", "needs tools"},
 		{"max_tokens beyond context", "/v1/messages", `{"max_tokens":100000,` + msg + `}`, 400, "invalid_request_error", "maximum context length is 2048"},
 		{"unknown model", "/v1/messages", `{"model":"claude-x","max_tokens":5,` + msg + `}`, 404, "not_found_error", "does not exist"},
 		{"body too large", "/v1/messages", `{"max_tokens":5,"system":"` + strings.Repeat("x", 5000) + `",` + msg + `}`, 413, "request_too_large", "limit of 4096 bytes"},

@@ -159,7 +159,7 @@ func toResponse(m meta, req *responses.Request, d SamplingDefaults, status strin
 		ParallelToolCalls: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
 		Reasoning:         req.Reasoning,
 		Temperature:       &temp,
-		Text:              responses.TextConfig{Format: responses.TextFormat{Type: "text"}},
+		Text:              responses.TextConfig{Format: textFormatEcho(req.TextFormat)},
 		ToolChoice:        req.ToolChoice,
 		Tools:             []responses.ToolObject{},
 		TopP:              &topP,
@@ -308,4 +308,13 @@ func (b *outputBuilder) closeItem(status string) []responses.StreamEvent {
 		responses.NewContentPartEvent(responses.EventContentPartDone, it.ID, i, 0, part),
 		responses.NewOutputItemEvent(responses.EventOutputItemDone, i, *it),
 	}
+}
+
+// textFormatEcho is text.format as the response shows it: "text" unless the
+// request constrained the answer.
+func textFormatEcho(f responses.TextFormat) responses.TextFormat {
+	if f.Type == "" {
+		return responses.TextFormat{Type: "text"}
+	}
+	return f
 }

@@ -42,6 +42,37 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, openai.BadRequest("input", "input: this model has no chat template: use /v1/completions"))
 		return
 	}
+	format := req.Format
+	if req.ToolChoice == responses.ToolChoiceRequired || req.ToolChoice == responses.ToolChoiceFunction {
+		if format != nil {
+			s.fail(w, ri, openai.BadRequest("tool_choice", "tool_choice %q forces a tool call and %s constrains the answer: give one of them", req.ToolChoice, format.Param))
+			return
+		}
+		tools := make([]openai.Tool, len(req.Tools))
+		for i, t := range req.Tools {
+			tools[i] = openai.Tool{Name: t.Name, Parameters: t.Parameters}
+		}
+		lark, err := toolCallGrammar(tools, req.ToolChoiceName)
+		if err != nil {
+			s.fail(w, ri, openai.BadRequest("tools", "tools: %v", err))
+			return
+		}
+		format = &openai.Format{Kind: openai.FormatGrammar, Grammar: lark, Param: "tool_choice"}
+	}
+	gram, oerr := s.compileFormat(format)
+	if oerr != nil {
+		s.fail(w, ri, oerr)
+		return
+	}
+	if gram != nil {
+		// The grammar covers the answer: thinking off, as on chat.
+		if req.Thinking != nil && *req.Thinking {
+			s.fail(w, ri, openai.BadRequest(format.Param, "%s: structured outputs and forced tool calls with reasoning are not supported; set reasoning.effort to \"none\" or leave it out", format.Param))
+			return
+		}
+		off := false
+		req.Thinking = &off
+	}
 	cp := toResponsesPrompt(req)
 	ids, _, err := EncodeChat(s.opts.Chat, s.opts.Tokenizer, ChatPrompt{Messages: cp.messages, Tools: cp.tools, EnableThinking: cp.enableThinking})
 	if re := (*RenderError)(nil); errors.As(err, &re) {
@@ -59,6 +90,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		label:     ri.id,
 		sampling:  toSamplingParams(responsesSampling(req), s.opts.Sampling, false, 0),
 		maxTokens: req.MaxOutputTokens,
+		grammar:   gram,
 	}
 	streams, oerr := s.submitAll(r.Context(), []*engine.Request{toEngineRequest(ids, g)})
 	if oerr != nil {

@@ -344,3 +344,155 @@ func TestForcedToolCalls(t *testing.T) {
 		t.Fatalf("only %d calls", calls)
 	}
 }
+
+// The same through Anthropic's Messages API: output_config.format (a JSON
+// schema) and tool_choice any / tool.
+func TestAnthropicStructured(t *testing.T) {
+	url := startStructuredServer(t)
+	schema := structuredSchemas[0]
+	sch := compileSchema(t, 200, schema)
+	weather := `{"type":"object","properties":{"city":{"type":"string","maxLength":12},"days":{"type":"integer","minimum":1,"maximum":7}},"required":["city","days"],"additionalProperties":false}`
+	wsch := compileSchema(t, 201, weather)
+	tools := []map[string]any{{"name": "get_weather", "input_schema": json.RawMessage(weather)}}
+	type block struct {
+		Type  string          `json:"type"`
+		Text  string          `json:"text"`
+		Name  string          `json:"name"`
+		Input json.RawMessage `json:"input"`
+	}
+	var resp struct {
+		Content    []block `json:"content"`
+		StopReason string  `json:"stop_reason"`
+	}
+	msgs := []map[string]string{{"role": "user", "content": "Weather in Paris?"}}
+	for i := range 6 {
+		code, body := postJSON(t, url+"/v1/messages", map[string]any{"max_tokens": 300, "messages": msgs, "temperature": 1.0,
+			"output_config": map[string]any{"format": map[string]any{"type": "json_schema", "schema": json.RawMessage(schema)}}})
+		if code != 200 {
+			t.Fatalf("output_config.format: %d %s", code, body)
+		}
+		resp.Content = nil
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatal(err)
+		}
+		text := ""
+		for _, b := range resp.Content {
+			if b.Type == "text" {
+				text += b.Text
+			}
+		}
+		v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+		if err == nil {
+			err = sch.Validate(v)
+		}
+		if err != nil || resp.StopReason != "end_turn" {
+			t.Errorf("output_config.format %d: stop %q, %q: %v", i, resp.StopReason, text, err)
+		}
+		choice := map[string]any{"type": "any"}
+		if i%2 == 1 {
+			choice = map[string]any{"type": "tool", "name": "get_weather"}
+		}
+		code, body = postJSON(t, url+"/v1/messages", map[string]any{"max_tokens": 300, "messages": msgs, "temperature": 1.0,
+			"tools": tools, "tool_choice": choice})
+		if code != 200 {
+			t.Fatalf("tool_choice %v: %d %s", choice, code, body)
+		}
+		resp.Content = nil
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatal(err)
+		}
+		uses := 0
+		for _, b := range resp.Content {
+			if b.Type != "tool_use" {
+				continue
+			}
+			uses++
+			v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b.Input))
+			if err == nil {
+				err = wsch.Validate(v)
+			}
+			if b.Name != "get_weather" || err != nil {
+				t.Errorf("tool_choice %v: %s(%s): %v", choice, b.Name, b.Input, err)
+			}
+		}
+		if uses == 0 || resp.StopReason != "tool_use" {
+			t.Errorf("tool_choice %v: %d tool_use blocks, stop %q: %s", choice, uses, resp.StopReason, body)
+		}
+	}
+}
+
+// And through the Responses API: text.format json_schema and a forced
+// function call.
+func TestResponsesStructured(t *testing.T) {
+	url := startStructuredServer(t)
+	schema := structuredSchemas[1]
+	sch := compileSchema(t, 300, schema)
+	weather := `{"type":"object","properties":{"city":{"type":"string","maxLength":12}},"required":["city"],"additionalProperties":false}`
+	wsch := compileSchema(t, 301, weather)
+	var resp struct {
+		Output []struct {
+			Type    string `json:"type"`
+			Name    string `json:"name"`
+			Args    string `json:"arguments"`
+			Content []struct {
+				Text string `json:"text"`
+			} `json:"content"`
+		} `json:"output"`
+		Text struct {
+			Format struct {
+				Type string `json:"type"`
+			} `json:"format"`
+		} `json:"text"`
+	}
+	for i := range 6 {
+		code, body := postJSON(t, url+"/v1/responses", map[string]any{"input": "colour?", "max_output_tokens": 200, "temperature": 1.0,
+			"text": map[string]any{"format": map[string]any{"type": "json_schema", "name": "c", "schema": json.RawMessage(schema), "strict": true}}})
+		if code != 200 {
+			t.Fatalf("text.format: %d %s", code, body)
+		}
+		resp.Output = nil
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatal(err)
+		}
+		text := ""
+		for _, o := range resp.Output {
+			for _, c := range o.Content {
+				text += c.Text
+			}
+		}
+		v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
+		if err == nil {
+			err = sch.Validate(v)
+		}
+		if err != nil || resp.Text.Format.Type != "json_schema" {
+			t.Errorf("text.format %d (echoed %q): %q: %v", i, resp.Text.Format.Type, text, err)
+		}
+		code, body = postJSON(t, url+"/v1/responses", map[string]any{"input": "weather?", "max_output_tokens": 200, "temperature": 1.0,
+			"tools":       []map[string]any{{"type": "function", "name": "get_weather", "parameters": json.RawMessage(weather)}},
+			"tool_choice": map[string]any{"type": "function", "name": "get_weather"}})
+		if code != 200 {
+			t.Fatalf("tool_choice: %d %s", code, body)
+		}
+		resp.Output = nil
+		if err := json.Unmarshal(body, &resp); err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		for _, o := range resp.Output {
+			if o.Type != "function_call" {
+				continue
+			}
+			calls++
+			v, err := jsonschema.UnmarshalJSON(strings.NewReader(o.Args))
+			if err == nil {
+				err = wsch.Validate(v)
+			}
+			if o.Name != "get_weather" || err != nil {
+				t.Errorf("forced call %s(%s): %v", o.Name, o.Args, err)
+			}
+		}
+		if calls != 1 {
+			t.Errorf("forced call %d: %d function_call items: %s", i, calls, body)
+		}
+	}
+}

@@ -108,7 +108,20 @@ func DecodeMessagesRequest(body []byte) (*MessagesRequest, *Error) {
 		return nil, BadRequest("top_k", "top_k: %d must be >= 0 (0 = off)", *k)
 	}
 	if oc := w.OutputConfig; oc != nil && !isNull(oc.Format) {
-		return nil, BadRequest("output_config.format", "output_config.format: structured outputs are not supported: they need constrained decoding, which glmctl does not do")
+		var f struct {
+			Type   *string         `json:"type"`
+			Schema json.RawMessage `json:"schema"`
+		}
+		if err := unmarshal(oc.Format, &f, "output_config.format."); err != nil {
+			return nil, err
+		}
+		if f.Type == nil || *f.Type != "json_schema" {
+			return nil, BadRequest("output_config.format.type", "output_config.format.type: must be \"json_schema\"")
+		}
+		if isNull(f.Schema) || len(f.Schema) == 0 || !json.Valid(f.Schema) {
+			return nil, BadRequest("output_config.format.schema", "output_config.format.schema: a JSON schema is required")
+		}
+		req.OutputSchema = f.Schema
 	}
 	req.Temperature, req.TopP, req.TopK = w.Temperature, w.TopP, w.TopK
 	req.Stream = w.Stream != nil && *w.Stream
@@ -142,8 +155,22 @@ func decodePrompt(body []byte) (string, *Prompt, *Error) {
 	if p.Tools, err = decodeTools(w.Tools); err != nil {
 		return "", nil, err
 	}
-	if p.ToolChoice, err = decodeToolChoice(w.ToolChoice); err != nil {
+	if p.ToolChoice, p.ToolChoiceName, err = decodeToolChoice(w.ToolChoice); err != nil {
 		return "", nil, err
+	}
+	switch p.ToolChoice {
+	case ToolChoiceAny:
+		if len(p.Tools) == 0 {
+			return "", nil, BadRequest("tool_choice.type", "tool_choice.type: \"any\" needs tools")
+		}
+	case ToolChoiceTool:
+		found := false
+		for _, t := range p.Tools {
+			found = found || t.Name == p.ToolChoiceName
+		}
+		if !found {
+			return "", nil, BadRequest("tool_choice.name", "tool_choice.name: %q is not among the tools", p.ToolChoiceName)
+		}
 	}
 	if p.Thinking, err = decodeThinking(w.Thinking); err != nil {
 		return "", nil, err
@@ -289,26 +316,31 @@ func checkToolName(name string) error {
 	return nil
 }
 
-func decodeToolChoice(raw json.RawMessage) (ToolChoice, *Error) {
+func decodeToolChoice(raw json.RawMessage) (ToolChoice, string, *Error) {
 	if isNull(raw) {
-		return ToolChoiceAuto, nil
+		return ToolChoiceAuto, "", nil
 	}
 	var w toolChoiceWire
 	if err := unmarshal(raw, &w, "tool_choice."); err != nil {
-		return "", err
+		return "", "", err
 	}
 	if w.Type == nil {
-		return "", BadRequest("tool_choice.type", "tool_choice.type: field required")
+		return "", "", BadRequest("tool_choice.type", "tool_choice.type: field required")
 	}
 	switch *w.Type {
 	case "auto":
-		return ToolChoiceAuto, nil
+		return ToolChoiceAuto, "", nil
 	case "none":
-		return ToolChoiceNone, nil
-	case "any", "tool":
-		return "", BadRequest("tool_choice.type", "tool_choice.type: %q is not supported: forcing a tool call needs constrained decoding, which glmctl does not do (use \"auto\")", *w.Type)
+		return ToolChoiceNone, "", nil
+	case "any":
+		return ToolChoiceAny, "", nil
+	case "tool":
+		if w.Name == nil || *w.Name == "" {
+			return "", "", BadRequest("tool_choice.name", "tool_choice.name: field required for type \"tool\"")
+		}
+		return ToolChoiceTool, *w.Name, nil
 	}
-	return "", BadRequest("tool_choice.type", "tool_choice.type: %q must be \"auto\" or \"none\"", *w.Type)
+	return "", "", BadRequest("tool_choice.type", "tool_choice.type: %q must be \"auto\", \"none\", \"any\" or \"tool\"", *w.Type)
 }
 
 func decodeThinking(raw json.RawMessage) (*bool, *Error) {

@@ -60,6 +60,8 @@ const (
 const (
 	ToolChoiceAuto ToolChoice = "auto"
 	ToolChoiceNone ToolChoice = "none"
+	ToolChoiceAny  ToolChoice = "any"  // at least one call, enforced by a grammar
+	ToolChoiceTool ToolChoice = "tool" // a call to Prompt.ToolChoiceName, enforced by a grammar
 )
 
 const defaultToolInput = "{}"
@@ -74,6 +76,8 @@ type Prompt struct {
 	// Tools are the request's custom tools, in order.
 	Tools      []Tool
 	ToolChoice ToolChoice
+	// ToolChoiceName is tool_choice.name (ToolChoiceTool).
+	ToolChoiceName string
 	// Thinking is thinking.type: true for "enabled" (or "adaptive"), false
 	// for "disabled", nil when not given (the model's default).
 	Thinking *bool
@@ -97,6 +101,9 @@ type MessagesRequest struct {
 	TopP          *float64
 	TopK          *int
 	Stream        bool
+	// OutputSchema is output_config.format.schema (structured outputs:
+	// the answer is JSON valid against it), or nil.
+	OutputSchema json.RawMessage
 }
 
 // CountTokensRequest is a validated POST /v1/messages/count_tokens body.
@@ -135,9 +142,8 @@ type Tool struct {
 	InputSchema json.RawMessage
 }
 
-// ToolChoice is tool_choice.type: "auto" (default) or "none". "any" and
-// "tool" force a call, which needs constrained decoding; they are rejected
-// at decode time.
+// ToolChoice is tool_choice.type: "auto" (default), "none", "any" or "tool"
+// (the last two force a call through a grammar).
 type ToolChoice string
 
 // Message is the response: a whole assistant message, or (empty, with a nil

@@ -48,7 +48,10 @@ type requestWire struct {
 	Prompt             json.RawMessage   `json:"prompt"`
 	Text               *struct {
 		Format *struct {
-			Type *string `json:"type"`
+			Type   *string         `json:"type"`
+			Name   *string         `json:"name"`
+			Schema json.RawMessage `json:"schema"`
+			Strict *bool           `json:"strict"`
 		} `json:"format"`
 	} `json:"text"`
 	TopLogprobs *int              `json:"top_logprobs"`
@@ -129,14 +132,31 @@ func DecodeRequest(body []byte) (*Request, *openai.Error) {
 	if err := checkOutputOptions(&w); err != nil {
 		return nil, err
 	}
+	if req.Format, req.TextFormat, err = decodeTextFormat(&w); err != nil {
+		return nil, err
+	}
 	if err := checkMetadata(w.Metadata); err != nil {
 		return nil, err
 	}
 	if req.Tools, err = decodeTools(w.Tools); err != nil {
 		return nil, err
 	}
-	if req.ToolChoice, err = decodeToolChoice(w.ToolChoice); err != nil {
+	if req.ToolChoice, req.ToolChoiceName, err = decodeToolChoice(w.ToolChoice); err != nil {
 		return nil, err
+	}
+	switch req.ToolChoice {
+	case ToolChoiceRequired:
+		if len(req.Tools) == 0 {
+			return nil, openai.BadRequest("tool_choice", "tool_choice: \"required\" needs tools")
+		}
+	case ToolChoiceFunction:
+		found := false
+		for _, t := range req.Tools {
+			found = found || t.Name == req.ToolChoiceName
+		}
+		if !found {
+			return nil, openai.BadRequest("tool_choice.name", "tool_choice.name: %q is not among the tools", req.ToolChoiceName)
+		}
 	}
 	if req.Input, err = decodeInput(w.Input); err != nil {
 		return nil, err
@@ -163,11 +183,37 @@ func checkStateless(w *requestWire) *openai.Error {
 	return nil
 }
 
+// decodeTextFormat reads text.format: text (the default), json_object, or
+// json_schema with its schema.
+func decodeTextFormat(w *requestWire) (*openai.Format, TextFormat, *openai.Error) {
+	t := w.Text
+	if t == nil || t.Format == nil {
+		return nil, TextFormat{}, nil
+	}
+	f := t.Format
+	if f.Type == nil {
+		return nil, TextFormat{}, openai.BadRequest("text.format.type", "text.format.type: field required")
+	}
+	switch *f.Type {
+	case "text":
+		return nil, TextFormat{}, nil
+	case "json_object":
+		return &openai.Format{Kind: openai.FormatJSONObject, Param: "text.format"}, TextFormat{Type: "json_object"}, nil
+	case "json_schema":
+		if isNull(f.Schema) || len(f.Schema) == 0 || !json.Valid(f.Schema) {
+			return nil, TextFormat{}, openai.BadRequest("text.format.schema", "text.format.schema: a JSON schema is required for type \"json_schema\"")
+		}
+		echo := TextFormat{Type: "json_schema", Schema: f.Schema, Strict: f.Strict}
+		if f.Name != nil {
+			echo.Name = *f.Name
+		}
+		return &openai.Format{Kind: openai.FormatJSONSchema, Schema: f.Schema, Name: echo.Name, Param: "text.format.schema"}, echo, nil
+	}
+	return nil, TextFormat{}, openai.BadRequest("text.format.type", "text.format.type: %q must be \"text\", \"json_object\" or \"json_schema\"", *f.Type)
+}
+
 // checkOutputOptions refuses output settings glmctl cannot honour.
 func checkOutputOptions(w *requestWire) *openai.Error {
-	if t := w.Text; t != nil && t.Format != nil && t.Format.Type != nil && *t.Format.Type != "text" {
-		return openai.BadRequest("text.format.type", "text.format.type: %q is not supported: structured outputs need constrained decoding, which glmctl does not do (only \"text\")", *t.Format.Type)
-	}
 	if p := w.TopLogprobs; p != nil && *p != 0 {
 		return openai.BadRequest("top_logprobs", "top_logprobs: logprobs are not supported on /v1/responses (use /v1/chat/completions)")
 	}
@@ -269,33 +315,39 @@ func checkToolName(name string) error {
 	return nil
 }
 
-func decodeToolChoice(raw json.RawMessage) (ToolChoice, *openai.Error) {
+func decodeToolChoice(raw json.RawMessage) (ToolChoice, string, *openai.Error) {
 	if isNull(raw) {
-		return ToolChoiceAuto, nil
+		return ToolChoiceAuto, "", nil
 	}
-	const forced = "forcing a tool call needs constrained decoding, which glmctl does not do (use \"auto\")"
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		switch s {
 		case "auto":
-			return ToolChoiceAuto, nil
+			return ToolChoiceAuto, "", nil
 		case "none":
-			return ToolChoiceNone, nil
+			return ToolChoiceNone, "", nil
 		case "required":
-			return "", openai.BadRequest("tool_choice", "tool_choice: \"required\" is not supported: %s", forced)
+			return ToolChoiceRequired, "", nil
 		}
-		return "", openai.BadRequest("tool_choice", "tool_choice: %q must be \"auto\" or \"none\"", s)
+		return "", "", openai.BadRequest("tool_choice", "tool_choice: %q must be \"auto\", \"none\", \"required\" or an object naming a function", s)
 	}
 	var obj struct {
 		Type *string `json:"type"`
+		Name *string `json:"name"`
 	}
 	if err := unmarshal(raw, &obj, "tool_choice."); err != nil {
-		return "", openai.BadRequest("tool_choice", "tool_choice: expected \"auto\", \"none\" or an object")
+		return "", "", openai.BadRequest("tool_choice", "tool_choice: expected \"auto\", \"none\", \"required\" or an object")
 	}
 	if obj.Type == nil {
-		return "", openai.BadRequest("tool_choice.type", "tool_choice.type: field required")
+		return "", "", openai.BadRequest("tool_choice.type", "tool_choice.type: field required")
 	}
-	return "", openai.BadRequest("tool_choice.type", "tool_choice.type: %q is not supported: %s", *obj.Type, forced)
+	if *obj.Type != "function" {
+		return "", "", openai.BadRequest("tool_choice.type", "tool_choice.type: %q is not supported (only \"function\": glmctl has function tools only)", *obj.Type)
+	}
+	if obj.Name == nil || *obj.Name == "" {
+		return "", "", openai.BadRequest("tool_choice.name", "tool_choice.name: field required for type \"function\"")
+	}
+	return ToolChoiceFunction, *obj.Name, nil
 }
 
 func decodeInput(raw json.RawMessage) ([]InputItem, *openai.Error) {

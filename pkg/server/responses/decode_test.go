@@ -127,7 +127,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"instructions array", `{"instructions":[{"role":"system","content":"x"}],` + in + `}`, "instructions", "string"},
 		{"reasoning effort", `{"reasoning":{"effort":"extreme"},` + in + `}`, "reasoning.effort", "must be one of"},
 		{"reasoning summary", `{"reasoning":{"summary":"long"},` + in + `}`, "reasoning.summary", "auto"},
-		{"json schema output", `{"text":{"format":{"type":"json_schema","name":"x","schema":{}}},` + in + `}`, "text.format.type", "constrained decoding"},
+		{"json schema output without a schema", `{"text":{"format":{"type":"json_schema","name":"x"}},` + in + `}`, "text.format.schema", "required"},
+		{"unknown output format", `{"text":{"format":{"type":"yaml"}},` + in + `}`, "text.format.type", `must be "text"`},
 		{"top_logprobs", `{"top_logprobs":2,` + in + `}`, "top_logprobs", "not supported"},
 		{"include logprobs", `{"include":["message.output_text.logprobs"],` + in + `}`, "include", "not supported"},
 		{"truncation", `{"truncation":"middle",` + in + `}`, "truncation", "auto"},
@@ -141,9 +142,10 @@ func TestDecodeErrors(t *testing.T) {
 		{"tool repeated", `{"tools":[{"type":"function","name":"f"},{"type":"function","name":"f"}],` + in + `}`, "tools[1].name", "unique"},
 		{"tool parameters array", `{"tools":[{"type":"function","name":"f","parameters":[1]}],` + in + `}`, "tools[0].parameters", "JSON schema object"},
 		{"tool strict string", `{"tools":[{"type":"function","name":"f","strict":"yes"}],` + in + `}`, "tools[0].strict", "boolean"},
-		{"tool_choice required", `{"tool_choice":"required",` + in + `}`, "tool_choice", "constrained decoding"},
+		{"tool_choice required without tools", `{"tool_choice":"required",` + in + `}`, "tool_choice", "needs tools"},
 		{"tool_choice unknown", `{"tool_choice":"sometimes",` + in + `}`, "tool_choice", "auto"},
-		{"tool_choice function", `{"tool_choice":{"type":"function","name":"f"},` + in + `}`, "tool_choice.type", "constrained decoding"},
+		{"tool_choice function not offered", `{"tool_choice":{"type":"function","name":"f"},` + in + `}`, "tool_choice.name", "not among the tools"},
+		{"tool_choice of another type", `{"tool_choice":{"type":"web_search"},` + in + `}`, "tool_choice.type", "not supported"},
 		{"tool_choice number", `{"tool_choice":1,` + in + `}`, "tool_choice", "expected"},
 	}
 	for _, tc := range cases {

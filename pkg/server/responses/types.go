@@ -9,6 +9,8 @@ package responses
 
 import (
 	"encoding/json"
+
+	"github.com/glmctl/glmctl/pkg/server/openai"
 )
 
 // ObjectResponse is a response object's "object".
@@ -61,8 +63,10 @@ const defaultArguments = "{}"
 
 // Tool choices accepted.
 const (
-	ToolChoiceAuto ToolChoice = "auto"
-	ToolChoiceNone ToolChoice = "none"
+	ToolChoiceAuto     ToolChoice = "auto"
+	ToolChoiceNone     ToolChoice = "none"
+	ToolChoiceRequired ToolChoice = "required"
+	ToolChoiceFunction ToolChoice = "function"
 )
 
 // Stream event types, in the order a stream sends them.
@@ -101,6 +105,14 @@ type Request struct {
 	// Tools are the request's function tools, in order.
 	Tools      []Tool
 	ToolChoice ToolChoice
+	// ToolChoiceName is the function a {"type": "function"} tool_choice
+	// names (ToolChoiceFunction).
+	ToolChoiceName string
+	// Format is text.format when it constrains the answer (json_object,
+	// json_schema); nil for text. TextFormat is what the response echoes
+	// (zero for text).
+	Format     *openai.Format
+	TextFormat TextFormat
 	// ParallelToolCalls is parallel_tool_calls as sent (nil = not given);
 	// it is echoed, not enforced.
 	ParallelToolCalls *bool
@@ -144,9 +156,8 @@ type Tool struct {
 	Strict *bool
 }
 
-// ToolChoice is "auto" (default) or "none". "required" and naming a tool
-// force a call, which needs constrained decoding; they are rejected at
-// decode time.
+// ToolChoice is "auto" (default), "none", "required" or "function" (a call
+// to Request.ToolChoiceName); the last two are enforced by a grammar.
 type ToolChoice string
 
 // Reasoning is the request's reasoning object, echoed in the response.
@@ -195,14 +206,17 @@ type IncompleteDetails struct {
 	Reason string `json:"reason"`
 }
 
-// TextConfig is the response's text settings: plain text only.
+// TextConfig is the response's text settings.
 type TextConfig struct {
 	Format TextFormat `json:"format"`
 }
 
-// TextFormat is text.format.
+// TextFormat is text.format, as the response echoes it.
 type TextFormat struct {
-	Type string `json:"type"`
+	Type   string          `json:"type"`
+	Name   string          `json:"name,omitempty"`
+	Schema json.RawMessage `json:"schema,omitempty"`
+	Strict *bool           `json:"strict,omitempty"`
 }
 
 // ToolObject is a function tool as the response echoes it.
