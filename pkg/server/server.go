@@ -369,6 +369,14 @@ func (p *progressWatch) stalled(now time.Time, limit time.Duration) bool {
 	return !p.at.IsZero() && now.Sub(p.at) > limit
 }
 
+// progressStalled takes a fresh sample first: between the watcher's
+// once-a-second samples an idle or advancing engine would otherwise look
+// stalled to a StallTimeout under a second.
+func (s *Server) progressStalled(now time.Time) bool {
+	s.progress.observe(s.eng.Stats(), now)
+	return s.progress.stalled(now, s.opts.StallTimeout)
+}
+
 // watchProgress samples engine progress until ctx ends.
 func (s *Server) watchProgress(ctx context.Context) {
 	t := time.NewTicker(time.Second)

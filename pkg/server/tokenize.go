@@ -31,7 +31,7 @@ func (s *Server) notReady() string {
 		return "shutting down"
 	case !s.engineUp.Load():
 		return "engine not running"
-	case s.progress.stalled(time.Now(), s.opts.StallTimeout):
+	case s.progressStalled(time.Now()):
 		return fmt.Sprintf("engine has made no progress for over %s", s.opts.StallTimeout)
 	}
 	return s.failingSteps(time.Now())

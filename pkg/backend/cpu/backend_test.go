@@ -220,7 +220,7 @@ func TestStepCancelledAndClosed(t *testing.T) {
 func TestOpenAndInfo(t *testing.T) {
 	be := openTiny(t, "tiny-bf16g", cpu.Options{Threads: 2, KVBlockSize: 32, NumKVBlocks: 10})
 	info := be.Info()
-	want := engine.BackendInfo{Name: "cpu", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 32, NumKVBlocks: 10}
+	want := engine.BackendInfo{Name: "cpu", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 32, NumKVBlocks: 10, TokenMasks: true}
 	info.Device = ""
 	if info != want {
 		t.Errorf("info %+v, want %+v", info, want)
