@@ -1,7 +1,7 @@
 # glmctl — build, test, lint, run.
 #   make build   builds ./bin/glmctl (static libtokenizers built first when needed)
 #   make test    the whole test suite (what CI runs)
-#   make run     the main job on the bundled tiny model, on CPU
+#   make run     the main job: the bundled demo model continues a Go prompt, on CPU
 #   make lint    gofmt + go vet
 #   make fuzz    every fuzz target of the module for FUZZTIME each (part of make test)
 
@@ -12,6 +12,7 @@ COMMIT    ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo none)
 LDFLAGS   := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 GLMCTL_CACHE ?= $(HOME)/.cache/glmctl
 TINY      ?= testdata/models/tiny-f32
+DEMO      ?= testdata/models/demo-go
 
 # NVML 13 headers are noisy; a fixed CGO_CFLAGS keeps the build cache stable.
 export CGO_CFLAGS := -O2 -g -Wno-deprecated-declarations
@@ -53,9 +54,12 @@ lint: $(TOKENIZERS_DEPS) $(LLGUIDANCE_DEPS)
 	  if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
+# The bundled demo model (trained on Go's standard library, docs/demo-model.md)
+# continues a Go prompt; it has no chat ability, so the prompt is raw text.
 run: build
-	$(BIN) inspect $(TINY) --tp 1 --ep 1 --max-rows 10
-	$(BIN) generate --model $(TINY) --backend cpu --chat "Hello! Who are you?" --max-tokens 48 --seed 1
+	$(BIN) inspect $(DEMO) --tp 1 --ep 1 --max-rows 10
+	$(BIN) generate --model $(DEMO) --backend cpu --temperature 0 --max-tokens 128 \
+	  "$$(printf '// Reverse returns a copy of s with its bytes in reverse order.\nfunc Reverse(s string) string {')"
 
 # Build here, carry bin/ to the GPU machine (it has no Go): glmctl and the
 # CUDA backend's GPU-only tests (-tags gpu) compiled into bin/cuda.test.

@@ -1,3 +1,12 @@
+//go:build !race
+
+// The end-to-end structured-output tests sample hundreds of answers from the
+// tiny model on the CPU backend: minutes of pure arithmetic under the race
+// detector, which `make test` runs on this package after the plain pass. They
+// run in the plain pass; the concurrency they rely on (the engine filling
+// masks on several goroutines, constraints per request) is covered under
+// -race by pkg/engine's constraint tests.
+
 package server_test
 
 import (
