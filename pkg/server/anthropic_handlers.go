@@ -265,24 +265,20 @@ func (s *sseWriter) event(name string, v any) error {
 // (output_config.format) or forced tool call (tool_choice any / tool), if
 // any, and turns thinking off for it (the grammar covers the answer).
 func (s *Server) anthropicGrammar(req *anthropic.MessagesRequest) (*grammar.Grammar, *anthropic.Error) {
-	var f *openai.Format
+	var schema *openai.Format
+	if req.OutputSchema != nil {
+		schema = &openai.Format{Kind: openai.FormatJSONSchema, Schema: req.OutputSchema, Param: "output_config.format.schema"}
+	}
+	tools := make([]openai.Tool, len(req.Tools))
+	for i, t := range req.Tools {
+		tools[i] = openai.Tool{Name: t.Name, Parameters: t.InputSchema}
+	}
 	forced := req.ToolChoice == anthropic.ToolChoiceAny || req.ToolChoice == anthropic.ToolChoiceTool
-	switch {
-	case forced && req.OutputSchema != nil:
-		return nil, anthropic.BadRequest("tool_choice", "tool_choice %q forces a tool call and output_config.format constrains the answer: give one of them", req.ToolChoice)
-	case forced:
-		tools := make([]openai.Tool, len(req.Tools))
-		for i, t := range req.Tools {
-			tools[i] = openai.Tool{Name: t.Name, Parameters: t.InputSchema}
-		}
-		lark, err := toolCallGrammar(tools, req.ToolChoiceName)
-		if err != nil {
-			return nil, anthropic.BadRequest("tools", "tools: %v", err)
-		}
-		f = &openai.Format{Kind: openai.FormatGrammar, Grammar: lark, Param: "tool_choice"}
-	case req.OutputSchema != nil:
-		f = &openai.Format{Kind: openai.FormatJSONSchema, Schema: req.OutputSchema, Param: "output_config.format.schema"}
-	default:
+	f, oerr := requestFormat(schema, forced, string(req.ToolChoice), tools, req.ToolChoiceName)
+	if oerr != nil {
+		return nil, toAnthropicError(oerr)
+	}
+	if f == nil {
 		return nil, nil
 	}
 	if req.Thinking != nil && *req.Thinking {

@@ -229,19 +229,12 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, openai.BadRequest("messages", "this model has no chat template: use /v1/completions"))
 		return
 	}
-	format := req.Format
-	if req.ToolChoice == openai.ToolChoiceRequired || req.ToolChoice == openai.ToolChoiceFunction {
-		// A forced call: GLM-4.7's tool-call format over the tools' schemas.
-		if format != nil {
-			s.fail(w, ri, openai.BadRequest("tool_choice", "tool_choice %q forces a tool call and %s constrains the answer: give one of them", req.ToolChoice, format.Param))
-			return
-		}
-		lark, err := toolCallGrammar(req.Tools, req.ToolChoiceName)
-		if err != nil {
-			s.fail(w, ri, openai.BadRequest("tools", "tools: %v", err))
-			return
-		}
-		format = &openai.Format{Kind: openai.FormatGrammar, Grammar: lark, Param: "tool_choice"}
+	// A forced call: GLM-4.7's tool-call format over the tools' schemas.
+	forced := req.ToolChoice == openai.ToolChoiceRequired || req.ToolChoice == openai.ToolChoiceFunction
+	format, aerr := requestFormat(req.Format, forced, string(req.ToolChoice), req.Tools, req.ToolChoiceName)
+	if aerr != nil {
+		s.fail(w, ri, aerr)
+		return
 	}
 	gram, aerr := s.compileFormat(format)
 	if aerr != nil {

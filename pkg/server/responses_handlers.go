@@ -42,22 +42,15 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, openai.BadRequest("input", "input: this model has no chat template: use /v1/completions"))
 		return
 	}
-	format := req.Format
-	if req.ToolChoice == responses.ToolChoiceRequired || req.ToolChoice == responses.ToolChoiceFunction {
-		if format != nil {
-			s.fail(w, ri, openai.BadRequest("tool_choice", "tool_choice %q forces a tool call and %s constrains the answer: give one of them", req.ToolChoice, format.Param))
-			return
-		}
-		tools := make([]openai.Tool, len(req.Tools))
-		for i, t := range req.Tools {
-			tools[i] = openai.Tool{Name: t.Name, Parameters: t.Parameters}
-		}
-		lark, err := toolCallGrammar(tools, req.ToolChoiceName)
-		if err != nil {
-			s.fail(w, ri, openai.BadRequest("tools", "tools: %v", err))
-			return
-		}
-		format = &openai.Format{Kind: openai.FormatGrammar, Grammar: lark, Param: "tool_choice"}
+	tools := make([]openai.Tool, len(req.Tools))
+	for i, t := range req.Tools {
+		tools[i] = openai.Tool{Name: t.Name, Parameters: t.Parameters}
+	}
+	forced := req.ToolChoice == responses.ToolChoiceRequired || req.ToolChoice == responses.ToolChoiceFunction
+	format, oerr := requestFormat(req.Format, forced, string(req.ToolChoice), tools, req.ToolChoiceName)
+	if oerr != nil {
+		s.fail(w, ri, oerr)
+		return
 	}
 	gram, oerr := s.compileFormat(format)
 	if oerr != nil {

@@ -49,6 +49,24 @@ func (s *Server) compileFormat(f *openai.Format) (*grammar.Grammar, *openai.Erro
 	return g, nil
 }
 
+// requestFormat is the format a request's answer is held to: its own
+// (format, nil for free text), or for a forced tool call (forced; only names
+// the one tool, "" for any) GLM-4.7's tool-call grammar over tools. The
+// three APIs share it; choice is their tool_choice value, for the message.
+func requestFormat(format *openai.Format, forced bool, choice string, tools []openai.Tool, only string) (*openai.Format, *openai.Error) {
+	if !forced {
+		return format, nil
+	}
+	if format != nil {
+		return nil, openai.BadRequest("tool_choice", "tool_choice %q forces a tool call and %s constrains the answer: give one of them", choice, format.Param)
+	}
+	lark, err := toolCallGrammar(tools, only)
+	if err != nil {
+		return nil, openai.BadRequest("tools", "tools: %v", err)
+	}
+	return &openai.Format{Kind: openai.FormatGrammar, Grammar: lark, Param: "tool_choice"}, nil
+}
+
 // grammarConstraint is one engine request's engine.Constraint: a matcher of
 // the request's grammar, created at the first mask (so a request that is
 // never submitted holds no matcher).
