@@ -20,7 +20,10 @@
  *   glmrt_load_tensor(...) for every tensor  checkpoint names, host pointers
  *     or glmrt_synthesize(seed)              every tensor generated on the GPU
  *   glmrt_finalize()                         checks every needed tensor arrived
- *   glmrt_step(batch, result) repeatedly     one call per scheduler step
+ *   glmrt_step(batch, result) repeatedly     one call per scheduler step, or
+ *     glmrt_step_begin(batch) then            the same step in two calls: the
+ *     glmrt_step_finish(masks, result)        forward runs on the GPU while the
+ *                                             caller computes the token masks
  *   glmrt_engine_destroy()
  */
 #ifndef GLMRT_H
@@ -33,7 +36,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 5
+#define GLMRT_ABI_VERSION 6
 
 /* Status codes. */
 #define GLMRT_OK 0
@@ -237,8 +240,27 @@ int glmrt_finalize(glmrt_engine* engine);
 
 /* Run one forward step over the batch and sample. Blocks until the results are
  * in the caller's buffers. The KV blocks named in the block tables are read
- * and the slots of the new tokens written. */
+ * and the slots of the new tokens written. Equivalent to glmrt_step_begin
+ * followed by glmrt_step_finish with batch->token_masks. */
 int glmrt_step(glmrt_engine* engine, const glmrt_batch* batch, glmrt_result* result);
+
+/* The same step in two calls, so that the caller can compute the token masks
+ * of constrained sequences (structured outputs: a grammar engine on the CPU)
+ * while the GPU runs the forward.
+ *
+ * glmrt_step_begin checks and packs the batch, sends it and launches the
+ * forward, and returns without waiting for the GPU. batch->token_masks must be
+ * NULL; n_token_masks, mask_words and each seq's mask_index say which rows
+ * will come. Nothing of the batch is kept past the call.
+ *
+ * glmrt_step_finish(token_masks, result) must follow a successful begin
+ * before any other step call: token_masks holds the n_token_masks rows of
+ * mask_words words declared at begin (NULL when none). It sends the masks
+ * behind the forward on the same stream (no host wait), samples and waits for
+ * the results as glmrt_step does. After a failed finish the step is over (the
+ * KV slots of its tokens may have been written). */
+int glmrt_step_begin(glmrt_engine* engine, const glmrt_batch* batch);
+int glmrt_step_finish(glmrt_engine* engine, const uint32_t* token_masks, glmrt_result* result);
 
 void glmrt_engine_destroy(glmrt_engine* engine);
 

@@ -162,6 +162,22 @@ int glmrt_step(glmrt_engine* engine, const glmrt_batch* batch, glmrt_result* res
   });
 }
 
+int glmrt_step_begin(glmrt_engine* engine, const glmrt_batch* batch) {
+  return guarded([&] {
+    if (!engine || !batch) return fail(GLMRT_ERR_INVALID, "glmrt_step_begin: engine and batch are required");
+    if (!engine->e.finalized)
+      return fail(GLMRT_ERR_STATE, "glmrt_step_begin: call glmrt_finalize after loading the weights first");
+    return glmrt::step_begin(engine->e, *batch);
+  });
+}
+
+int glmrt_step_finish(glmrt_engine* engine, const uint32_t* token_masks, glmrt_result* result) {
+  return guarded([&] {
+    if (!engine || !result) return fail(GLMRT_ERR_INVALID, "glmrt_step_finish: engine and result are required");
+    return glmrt::step_finish(engine->e, token_masks, *result);
+  });
+}
+
 int glmrt_synthesize(glmrt_engine* engine, uint64_t seed) {
   return guarded([&] {
     if (!engine) return fail(GLMRT_ERR_INVALID, "glmrt_synthesize: engine is NULL");

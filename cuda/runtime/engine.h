@@ -179,6 +179,8 @@ struct Profiler {
   int64_t step_bytes[GLMRT_PROF_N] = {};
 };
 
+struct PendingStep;  // step.cu: a step between glmrt_step_begin and glmrt_step_finish
+
 struct Engine {
   glmrt_model_config cfg{};
   glmrt_engine_options opt{};
@@ -218,6 +220,7 @@ struct Engine {
   std::vector<StepGraph> step_graphs;       // one per bucket
   std::vector<StepGraph> prof_graphs;       // profiling variants (events inside)
   Profiler prof;
+  PendingStep* pending = nullptr;  // step_state_create; its `active` is set between begin and finish
 };
 
 // weights.cu
@@ -246,7 +249,12 @@ int create_engine(Engine& e);
 void destroy_engine(Engine& e);
 // step.cu
 int run_step(Engine& e, const glmrt_batch& b, glmrt_result& r);
+int step_begin(Engine& e, const glmrt_batch& b);
+int step_finish(Engine& e, const uint32_t* token_masks, glmrt_result& r);
 void plan_meta_layout(Engine& e);
+// The begin/finish state, allocated with the engine (nothing in the step path).
+void step_state_create(Engine& e);
+void step_state_destroy(Engine& e);
 // memory.cu: random finite values in the whole KV pool (synthetic engines, so a
 // decode step at any position reads real-looking keys without a prefill).
 int fill_kv_random(Engine& e, uint64_t seed);

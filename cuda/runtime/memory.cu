@@ -467,11 +467,13 @@ int create_engine(Engine& e) {
   e.pf_items.resize(e.pf_max_items);
   e.attn_merges.resize(e.max_merges);
   e.logits_seq.reserve(e.max_seqs);
+  step_state_create(e);
   return GLMRT_OK;
 }
 
 void destroy_engine(Engine& e) {
   if (!e.ranks.empty()) cudaSetDevice(e.ranks[0].device);
+  step_state_destroy(e);
   profile_destroy(e);
   glmc::comm_destroy(e.comm);
   for (Rank& r : e.ranks) {

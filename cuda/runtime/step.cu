@@ -36,7 +36,8 @@ struct Meta {
   int dec_splits = 1;
   bool dec_quant = false;  // attention_decode also writes the FP8 attention output
   size_t items, merges, samples, pen_row, pen_tok, pen_prompt, pen_output, seg_begin, seg_end, masks;
-  size_t a_bytes = 0, b_bytes = 0;  // bytes of region A / B to copy
+  size_t a_bytes = 0, b_bytes = 0;  // bytes of region A / B to copy (B: up to the masks)
+  int n_mask = 0;                   // token-mask rows (sampled rows with a mask)
   int64_t kv_read_tokens = 0;       // sum over sequences of keys attended (profiling bytes)
   // Per sampler chunk: [begin, end) of its penalty entries and sort segments.
   int chunk_pen[2 * 1024 + 2];
@@ -58,7 +59,9 @@ bool wants_penalty(const glmrt_sampling& p) {
          p.presence_penalty != 0;
 }
 
-int validate(const Engine& e, const glmrt_batch& b, const glmrt_result& res) {
+// Checks the batch; masks_now: its token_masks come with it (glmrt_step),
+// else they must be NULL (glmrt_step_begin; they come at finish).
+int validate_batch(const Engine& e, const glmrt_batch& b, bool masks_now) {
   const int V = e.d.V;
   if (b.n_seqs < 1 || b.n_seqs > e.max_seqs)
     return fail(GLMRT_ERR_INVALID, "batch: n_seqs %d not in 1..max_seqs_per_step (%d)", b.n_seqs,
@@ -83,13 +86,14 @@ int validate(const Engine& e, const glmrt_batch& b, const glmrt_result& res) {
                 b.n_penalty_entries, e.max_pen);
   const int mask_words = (V + 31) / 32;
   if (b.n_token_masks < 0 || b.n_token_masks > e.max_seqs ||
-      (b.n_token_masks > 0 && (!b.token_masks || b.mask_words != mask_words)))
+      (b.n_token_masks > 0 && ((masks_now && !b.token_masks) || b.mask_words != mask_words)))
     return fail(GLMRT_ERR_INVALID,
                 "batch: n_token_masks %d not in 0..max_seqs_per_step (%d), or token_masks NULL, or "
                 "mask_words %d is not ceil(vocab/32) = %d",
                 b.n_token_masks, e.max_seqs, b.mask_words, mask_words);
-  if (!res.tokens || !res.logprobs)
-    return fail(GLMRT_ERR_INVALID, "result: tokens and logprobs are required");
+  if (!masks_now && b.token_masks)
+    return fail(GLMRT_ERR_INVALID,
+                "batch: token_masks must be NULL in glmrt_step_begin (the masks go to glmrt_step_finish)");
   int64_t tok_sum = 0, pen_sum = 0;
   for (int s = 0; s < b.n_seqs; ++s) {
     const glmrt_seq& q = b.seqs[s];
@@ -134,11 +138,6 @@ int validate(const Engine& e, const glmrt_batch& b, const glmrt_result& res) {
     if (p.n_top_logprobs < 0 || p.n_top_logprobs > GLMRT_MAX_TOP_LOGPROBS)
       return fail(GLMRT_ERR_INVALID, "seq %d: n_top_logprobs %d not in 0..%d", s, p.n_top_logprobs,
                   GLMRT_MAX_TOP_LOGPROBS);
-    if (p.n_top_logprobs > 0 && (!res.top_ids || !res.top_logprobs || res.top_stride < p.n_top_logprobs))
-      return fail(GLMRT_ERR_INVALID,
-                  "seq %d: n_top_logprobs %d needs result.top_ids/top_logprobs and top_stride >= it "
-                  "(top_stride %d)",
-                  s, p.n_top_logprobs, res.top_stride);
     if (p.sample_index < 0)
       return fail(GLMRT_ERR_INVALID, "seq %d: sample_index %lld must be >= 0", s, (long long)p.sample_index);
     if (q.penalty_len < 0 || q.penalty_offset < 0 ||
@@ -164,8 +163,25 @@ int validate(const Engine& e, const glmrt_batch& b, const glmrt_result& res) {
   for (int t = 0; t < b.n_tokens; ++t)
     if (b.token_ids[t] < 0 || b.token_ids[t] >= V)
       return fail(GLMRT_ERR_INVALID, "batch: token_ids[%d] = %d not in 0..%d", t, b.token_ids[t], V - 1);
+  return GLMRT_OK;
+}
+
+// Checks the result buffers against the step's sequences.
+int validate_result(const Engine& e, const glmrt_seq* seqs, int n_seqs, const glmrt_result& res) {
+  const int V = e.d.V;
+  if (!res.tokens || !res.logprobs)
+    return fail(GLMRT_ERR_INVALID, "result: tokens and logprobs are required");
   int64_t want = 0;
-  for (int s = 0; s < b.n_seqs; ++s) want += b.seqs[s].want_logits;
+  for (int s = 0; s < n_seqs; ++s) {
+    const glmrt_seq& q = seqs[s];
+    want += q.want_logits;
+    const int n = q.sampling.n_top_logprobs;
+    if (q.sample && n > 0 && (!res.top_ids || !res.top_logprobs || res.top_stride < n))
+      return fail(GLMRT_ERR_INVALID,
+                  "seq %d: n_top_logprobs %d needs result.top_ids/top_logprobs and top_stride >= it "
+                  "(top_stride %d)",
+                  s, n, res.top_stride);
+  }
   if (want > 0 && (!res.logits || res.logits_capacity < want * V))
     return fail(GLMRT_ERR_INVALID, "result: logits needs %lld floats (%lld rows x vocab %d), capacity %lld",
                 (long long)(want * V), (long long)want, V, (long long)res.logits_capacity);
@@ -331,10 +347,11 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
     const glmrt_seq& q = b.seqs[e.logits_seq[i]];
     if (q.sample && q.mask_index >= 0) ++n_mask;
   }
-  m.masks = take((size_t)n_mask * mask_words * 4);
+  m.n_mask = n_mask;
+  m.masks = take((size_t)n_mask * mask_words * 4);  // last in region B: sent at finish
   if (off > e.meta_bytes)
     return fail(GLMRT_ERR_INVALID, "step metadata %zu bytes exceed the planned %zu", off, e.meta_bytes);
-  m.b_bytes = off - L.b_begin;
+  m.b_bytes = m.masks - L.b_begin;
   glmk::SampleRow* rows = at<glmk::SampleRow>(H, m.samples);
   int* pr = at<int>(H, m.pen_row);
   int* pt = at<int>(H, m.pen_tok);
@@ -342,7 +359,6 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   int* po = at<int>(H, m.pen_output);
   int* sb = at<int>(H, m.seg_begin);
   int* se = at<int>(H, m.seg_end);
-  uint32_t* mk = at<uint32_t>(H, m.masks);
   int mask_rows = 0;
   m.n_pen = 0;
   m.n_seg = 0;
@@ -359,11 +375,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       r.sort_segment = -1;
       r.mask_row = -1;
       if (!q.sample) continue;
-      if (q.mask_index >= 0) {
-        memcpy(mk + (size_t)mask_rows * mask_words, b.token_masks + (size_t)q.mask_index * mask_words,
-               (size_t)mask_words * 4);
-        r.mask_row = mask_rows++;
-      }
+      if (q.mask_index >= 0) r.mask_row = mask_rows++;  // the row arrives at finish
       const glmrt_sampling& p = q.sampling;
       r.temperature = p.temperature;
       r.top_k = p.top_k;
@@ -1012,10 +1024,32 @@ void plan_meta_layout(Engine& e) {
   e.meta_bytes = off;
 }
 
-int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
-  GLMRT_TRY(validate(e, b, res));
+// A step between glmrt_step_begin and glmrt_step_finish: what finish needs
+// of the batch (its sequences are copied; the caller's arrays are not kept).
+struct PendingStep {
   Meta m;
+  std::vector<glmrt_seq> seqs;
+  int n_token_masks = 0;
+  bool active = false;
+};
+
+void step_state_create(Engine& e) {
+  e.pending = new PendingStep;
+  e.pending->seqs.reserve(e.max_seqs);
+}
+
+void step_state_destroy(Engine& e) {
+  delete e.pending;
+  e.pending = nullptr;
+}
+
+static int step_begin_checked(Engine& e, const glmrt_batch& b) {
+  PendingStep& ps = *e.pending;
+  Meta& m = ps.m;
+  m = Meta{};
   GLMRT_TRY(pack(e, b, m));
+  ps.seqs.assign(b.seqs, b.seqs + b.n_seqs);
+  ps.n_token_masks = b.n_token_masks;
   Profiler& p = e.prof;
   for (Rank& r : e.ranks) {
     GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
@@ -1044,6 +1078,47 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
   } else {
     if (p.on) GLMRT_TRY(profile_begin(e, r, false));
     GLMRT_TRY(forward(e, m));
+  }
+  ps.active = true;
+  return GLMRT_OK;
+}
+
+// Waits for whatever a failed begin may have left running, so that the next
+// step starts on an idle stream with its metadata buffers free.
+static void drain_streams(Engine& e) {
+  for (Rank& q : e.ranks) {
+    cudaSetDevice(q.device);
+    cudaStreamSynchronize(q.stream);
+  }
+  cudaGetLastError();
+}
+
+static int step_finish_checked(Engine& e, const uint32_t* token_masks, glmrt_result& res) {
+  PendingStep& ps = *e.pending;
+  const Meta& m = ps.m;
+  const glmrt_seq* seqs = ps.seqs.data();
+  Profiler& p = e.prof;
+  Rank& r = e.ranks[0];
+  GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
+  GLMRT_TRY(validate_result(e, seqs, (int)ps.seqs.size(), res));
+  if (ps.n_token_masks > 0 && !token_masks)
+    return fail(GLMRT_ERR_INVALID, "step finish: %d token-mask rows were declared at begin but token_masks is NULL",
+                ps.n_token_masks);
+  // The token masks, in sampled-row order, behind the forward on the same
+  // stream: the sampler reads them, nothing before it does.
+  if (m.n_mask > 0) {
+    const int words = (e.d.V + 31) / 32;
+    uint32_t* mk = at<uint32_t>(e.meta_host, m.masks);
+    int row = 0;
+    for (int i = 0; i < m.n_logits; ++i) {
+      const glmrt_seq& q = seqs[e.logits_seq[i]];
+      if (!q.sample || q.mask_index < 0) continue;
+      memcpy(mk + (size_t)row * words, token_masks + (size_t)q.mask_index * words, (size_t)words * 4);
+      ++row;
+    }
+    KCHECK(cudaMemcpyAsync(r.meta + m.masks, e.meta_host + m.masks, (size_t)m.n_mask * words * 4,
+                           cudaMemcpyHostToDevice, r.stream),
+           "copy token masks");
   }
   GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
   // Sampling, in chunks of e.sample_chunk rows.
@@ -1094,7 +1169,7 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
   }
   int64_t want_row = 0;
   for (int i = 0; i < m.n_logits; ++i) {
-    if (!b.seqs[e.logits_seq[i]].want_logits) continue;
+    if (!seqs[e.logits_seq[i]].want_logits) continue;
     KCHECK(cudaMemcpyAsync(res.logits + want_row * V, r.logits + (size_t)i * V, (size_t)V * 4,
                            cudaMemcpyDeviceToHost, r.stream),
            "copy logits row %d", i);
@@ -1115,7 +1190,7 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
     step_bytes(e, m, active.data(), bytes);
     GLMRT_TRY(profile_end(e, bytes));
   }
-  for (int s = 0; s < b.n_seqs; ++s) {
+  for (int s = 0; s < (int)ps.seqs.size(); ++s) {
     res.tokens[s] = -1;
     res.logprobs[s] = NAN;
     if (res.sample_status) res.sample_status[s] = GLMRT_SAMPLE_OK;
@@ -1126,7 +1201,7 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
                                       "the token mask allows no token with a finite logit"};
   for (int i = 0; i < m.n_logits; ++i) {
     const int s = e.logits_seq[i];
-    const glmrt_seq& q = b.seqs[s];
+    const glmrt_seq& q = seqs[s];
     if (!q.sample) continue;
     const glmk::SampleOut& o = out_h[i];
     if (o.status != 0) {
@@ -1155,8 +1230,8 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
     }
   }
   if (res.top_ids) {
-    for (int s = 0; s < b.n_seqs; ++s) {
-      if (b.seqs[s].sample) continue;
+    for (int s = 0; s < (int)ps.seqs.size(); ++s) {
+      if (seqs[s].sample) continue;
       for (int k = 0; k < res.top_stride; ++k) {
         res.top_ids[(size_t)s * res.top_stride + k] = -1;
         res.top_logprobs[(size_t)s * res.top_stride + k] = NAN;
@@ -1164,6 +1239,38 @@ int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
     }
   }
   return GLMRT_OK;
+}
+
+int step_begin(Engine& e, const glmrt_batch& b) {
+  if (e.pending->active)
+    return fail(GLMRT_ERR_STATE, "glmrt_step_begin: the previous step was begun and not finished");
+  GLMRT_TRY(validate_batch(e, b, false));
+  const int rc = step_begin_checked(e, b);
+  if (rc != GLMRT_OK) drain_streams(e);
+  return rc;
+}
+
+int step_finish(Engine& e, const uint32_t* token_masks, glmrt_result& res) {
+  if (!e.pending->active)
+    return fail(GLMRT_ERR_STATE, "glmrt_step_finish: no step was begun");
+  e.pending->active = false;  // a failed finish ends the step too
+  const int rc = step_finish_checked(e, token_masks, res);
+  if (rc != GLMRT_OK) drain_streams(e);
+  return rc;
+}
+
+int run_step(Engine& e, const glmrt_batch& b, glmrt_result& res) {
+  if (e.pending->active)
+    return fail(GLMRT_ERR_STATE, "glmrt_step: a step was begun with glmrt_step_begin and not finished");
+  GLMRT_TRY(validate_batch(e, b, true));
+  GLMRT_TRY(validate_result(e, b.seqs, b.n_seqs, res));
+  int rc = step_begin_checked(e, b);
+  if (rc == GLMRT_OK) {
+    e.pending->active = false;
+    rc = step_finish_checked(e, b.token_masks, res);
+  }
+  if (rc != GLMRT_OK) drain_streams(e);
+  return rc;
 }
 
 }  // namespace glmrt

@@ -45,12 +45,26 @@ type BackendInfo struct {
 	// TokenMasks: the backend applies StepSeq.AllowedTokens when it samples,
 	// so the engine accepts requests with a Constraint.
 	TokenMasks bool
+	// LateMasks: the backend calls StepBatch.AwaitMasks (when set) before
+	// it reads any AllowedTokens, after launching the step's forward pass,
+	// so the engine computes the masks while the device runs the forward.
+	LateMasks bool
+	// MaxDraftTokens is the most draft tokens one sequence may verify and
+	// propose in a step (StepSeq.Drafts, StepSeq.Propose): the backend runs
+	// the checkpoint's MTP layer as a draft model (docs/speculative.md).
+	// 0: no speculative decoding.
+	MaxDraftTokens int
 }
 
 // StepBatch is the flat batch description of one step. Token ids of all
 // sequences are concatenated in Seqs order.
 type StepBatch struct {
 	Seqs []StepSeq
+	// AwaitMasks, when not nil (backends with LateMasks only), blocks until
+	// the engine has filled every AllowedTokens of the batch: the backend
+	// calls it once, after starting the forward pass and before it reads
+	// the masks.
+	AwaitMasks func()
 }
 
 // NumTokens is the total number of new tokens in the batch.
@@ -95,6 +109,28 @@ type StepSeq struct {
 	// filters. Logprobs stay those of the raw logits. Read only when Sample
 	// is set; the backend must not keep it past the call.
 	AllowedTokens []uint32
+
+	// Speculative decoding (BackendInfo.MaxDraftTokens > 0;
+	// docs/speculative.md has the rules). None of these is set together
+	// with AllowedTokens or WantLogits.
+	//
+	// Draft runs the draft model (the MTP layer) over this step's positions
+	// so that its KV cache follows the sequence: set on every step of a
+	// sequence that speculates, prefill chunks included.
+	Draft bool
+	// NextToken, with Draft on a step that does not sample (a prefill chunk
+	// before the prompt's end), is the token after the chunk: the draft
+	// model's input at the chunk's last position. -1 otherwise.
+	NextToken int32
+	// Drafts: the last Drafts entries of Tokens are unverified draft tokens
+	// (Sample is set). The backend samples the target model after each of
+	// the positions Tokens[len-1-Drafts .. len-1], accepts drafts in order
+	// while the rule of docs/speculative.md accepts them, and returns the
+	// accepted ones in SeqResult.Accepted followed by SeqResult.Token.
+	Drafts int
+	// Propose, with Draft and Sample, asks for this many draft tokens to
+	// follow SeqResult.Token (SeqResult.Drafts), at most MaxDraftTokens.
+	Propose int
 }
 
 // SamplingParams are per-request sampling settings (OpenAI/vLLM semantics).
@@ -133,6 +169,21 @@ type SeqResult struct {
 	// (wrapping ErrNonFiniteLogits) instead of sampling from logits holding
 	// NaN or +Inf.
 	Err error
+	// Accepted are the draft tokens (StepSeq.Drafts) the target model
+	// accepted, in order, each with its logprobs at its position; Token
+	// follows the last of them. Empty when none was accepted.
+	Accepted []AcceptedToken
+	// Drafts are the draft model's proposals to follow Token
+	// (StepSeq.Propose of them).
+	Drafts []int32
+}
+
+// AcceptedToken is one accepted draft token with its logprob and top
+// alternatives under the target model (when the request asks for logprobs).
+type AcceptedToken struct {
+	Token       int32
+	Logprob     float32
+	TopLogprobs []TokenLogprob
 }
 
 // Errors a backend reports through Step.

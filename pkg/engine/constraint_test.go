@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/glmctl/glmctl/pkg/engine"
 )
@@ -59,12 +60,76 @@ func (c *setConstraint) Close() {
 	c.mu.Unlock()
 }
 
+// lateMasks runs the CPU backend as a LateMasks backend does: the step
+// "starts" (started is signalled), then waits for the engine's masks
+// (StepBatch.AwaitMasks), then computes. With gate set, each FillMask of a
+// gatedConstraint waits for a step to have started first, so a test
+// deadlocks (and fails on its timeout) unless the engine fills the masks
+// while the backend runs the step.
+type lateMasks struct {
+	engine.Backend
+	started chan struct{}
+}
+
+func newLateMasks(b engine.Backend) engine.Backend {
+	return &lateMasks{Backend: b, started: make(chan struct{}, 1)}
+}
+
+func (b *lateMasks) Info() engine.BackendInfo {
+	info := b.Backend.Info()
+	info.LateMasks = true
+	return info
+}
+
+func (b *lateMasks) Step(ctx context.Context, batch *engine.StepBatch) ([]engine.SeqResult, error) {
+	if batch.AwaitMasks != nil {
+		select {
+		case b.started <- struct{}{}:
+		default:
+		}
+		batch.AwaitMasks()
+	}
+	return b.Backend.Step(ctx, &engine.StepBatch{Seqs: batch.Seqs})
+}
+
+// gatedConstraint is a setConstraint whose FillMask first waits for the
+// backend's step to have started.
+type gatedConstraint struct {
+	*setConstraint
+	started <-chan struct{}
+}
+
+func (c gatedConstraint) FillMask(dst []uint32) error {
+	select {
+	case <-c.started:
+	case <-time.After(20 * time.Second):
+		return errors.New("the mask was filled before the step started (no overlap)")
+	}
+	return c.setConstraint.FillMask(dst)
+}
+
+// The engine's two ways to fill masks: before the step, and while a
+// LateMasks backend runs it.
+var maskModes = []struct {
+	name string
+	wrap func(engine.Backend) engine.Backend
+}{
+	{"before-step", nil},
+	{"late", newLateMasks},
+}
+
 // On the real CPU backend, with other requests in the same steps: every token
 // of a constrained request is one its constraint allowed, the request stops
 // when the constraint is done, the constraint is closed once, and the
 // unconstrained neighbours are unaffected.
 func TestConstraintLimitsTokens(t *testing.T) {
-	eng, _ := startCPUEngine(t, 64, engine.Config{})
+	for _, mode := range maskModes {
+		t.Run(mode.name, func(t *testing.T) { testConstraintLimitsTokens(t, mode.wrap) })
+	}
+}
+
+func testConstraintLimitsTokens(t *testing.T, wrap func(engine.Backend) engine.Backend) {
+	eng, _ := startCPUEngineWith(t, 64, engine.Config{}, wrap)
 	prompt := []int32{5, 17, 300, 42}
 	free := engine.Request{PromptTokens: prompt, MaxTokens: 12, Sampling: engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1}}
 	alone, _ := collectCPU(t, eng, &free)
@@ -112,7 +177,13 @@ func TestConstraintLimitsTokens(t *testing.T) {
 
 // A constraint that fails fails its own request only, and is still closed.
 func TestConstraintErrorFailsOnlyItsRequest(t *testing.T) {
-	eng, _ := startCPUEngine(t, 64, engine.Config{})
+	for _, mode := range maskModes {
+		t.Run(mode.name, func(t *testing.T) { testConstraintErrorFailsOnlyItsRequest(t, mode.wrap) })
+	}
+}
+
+func testConstraintErrorFailsOnlyItsRequest(t *testing.T, wrap func(engine.Backend) engine.Backend) {
+	eng, _ := startCPUEngineWith(t, 64, engine.Config{}, wrap)
 	c := &setConstraint{allowed: []int32{7, 99}, n: 10, fillErr: errors.New("grammar exploded")}
 	st, err := eng.Submit(context.Background(), &engine.Request{PromptTokens: []int32{5, 6}, MaxTokens: 20, Constraint: c,
 		Sampling: engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1}})
@@ -137,6 +208,30 @@ func TestConstraintErrorFailsOnlyItsRequest(t *testing.T) {
 	}
 	if c.closes != 1 {
 		t.Fatalf("constraint closed %d times", c.closes)
+	}
+	waitIdleCPU(t, eng)
+}
+
+// With a LateMasks backend the masks are computed while the step runs: each
+// FillMask here waits for the backend to have started its step, which only
+// the overlapped path allows.
+func TestLateMasksOverlapTheStep(t *testing.T) {
+	var late *lateMasks
+	eng, _ := startCPUEngineWith(t, 64, engine.Config{}, func(b engine.Backend) engine.Backend {
+		late = newLateMasks(b).(*lateMasks)
+		return late
+	})
+	c := &setConstraint{allowed: []int32{7, 99, 250}, n: 6}
+	toks, fin := collectCPU(t, eng, &engine.Request{PromptTokens: []int32{5, 17, 300}, MaxTokens: 20, IgnoreEOS: true,
+		Constraint: gatedConstraint{setConstraint: c, started: late.started},
+		Sampling:   engine.SamplingParams{Temperature: 1, TopP: 1, RepetitionPenalty: 1, Seed: 3, HasSeed: true}})
+	if fin != engine.FinishStop || len(toks) != 6 || !slices.Equal(toks, c.accepted) {
+		t.Fatalf("finish %q, tokens %v, accepted %v", fin, toks, c.accepted)
+	}
+	for _, tok := range toks {
+		if !slices.Contains(c.allowed, tok) {
+			t.Fatalf("token %d outside %v", tok, c.allowed)
+		}
 	}
 	waitIdleCPU(t, eng)
 }

@@ -18,12 +18,22 @@ import (
 const tinyModel = "../../testdata/models/tiny-f32"
 
 func startCPUEngine(t *testing.T, blocks int, cfg engine.Config) (*engine.Engine, *cpu.Backend) {
+	return startCPUEngineWith(t, blocks, cfg, nil)
+}
+
+// startCPUEngineWith is startCPUEngine with the backend wrapped by wrap (nil:
+// the CPU backend itself).
+func startCPUEngineWith(t *testing.T, blocks int, cfg engine.Config, wrap func(engine.Backend) engine.Backend) (*engine.Engine, *cpu.Backend) {
 	t.Helper()
 	be, err := cpu.Open(tinyModel, cpu.Options{KVBlockSize: 16, NumKVBlocks: blocks, Threads: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng, stop, err := engine.Start(context.Background(), be, cfg)
+	var run engine.Backend = be
+	if wrap != nil {
+		run = wrap(be)
+	}
+	eng, stop, err := engine.Start(context.Background(), run, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

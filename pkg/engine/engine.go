@@ -295,7 +295,25 @@ func (e *Engine) drain() {
 // error only when ctx ended during the step.
 func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 	batch := &StepBatch{Seqs: make([]StepSeq, len(sched))}
-	if bad := e.fillMasks(sched); len(bad) > 0 {
+	// The token masks of constrained sequences: filled before the step, or,
+	// with a LateMasks backend, while the device runs the step's forward.
+	var maskErrs map[*sequence]error
+	masksDone := make(chan struct{})
+	late := e.backend.Info().LateMasks && e.hasMasks(sched)
+	if late {
+		go func() {
+			defer close(masksDone)
+			maskErrs = e.fillMasks(sched)
+			for seq := range maskErrs {
+				// Its sample is discarded; any mask keeps the backend's
+				// sampler well defined.
+				for j := range seq.mask {
+					seq.mask[j] = ^uint32(0)
+				}
+			}
+		}()
+		batch.AwaitMasks = func() { <-masksDone }
+	} else if bad := e.fillMasks(sched); len(bad) > 0 {
 		// A constraint that cannot say what comes next fails its request
 		// alone; the step goes on without it.
 		kept := sched[:0:0]
@@ -334,6 +352,16 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 	t0 := time.Now()
 	results, err := e.callStep(ctx, batch)
 	dt := time.Since(t0)
+	if late {
+		// The backend may have failed before it waited for the masks.
+		<-masksDone
+		for _, sc := range sched {
+			if merr, ok := maskErrs[sc.seq]; ok {
+				e.sched.discard(sc.seq)
+				e.finish(sc.seq, Event{}, FinishError, merr)
+			}
+		}
+	}
 	e.stats.Steps++
 	e.stats.StepTime += dt
 	e.stats.LastStepTime = dt
@@ -368,6 +396,9 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		e.log.Error("backend step failed: failing its requests", "fatal", fatal, "seqs", len(sched),
 			"tokens", batch.NumTokens(), "request_ids", ids, "labels", labels, "err", err)
 		for _, sc := range sched {
+			if sc.seq.state == seqFinished {
+				continue // its constraint failed while the step ran
+			}
 			// The step may have written part of these blocks: keep them
 			// out of the prefix cache.
 			e.sched.discard(sc.seq)
@@ -381,6 +412,9 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 	}
 	e.stats.FailedStepsInARow = 0
 	for i, sc := range sched {
+		if sc.seq.state == seqFinished {
+			continue // its constraint failed while the step ran
+		}
 		if rerr := results[i].Err; rerr != nil {
 			e.failSeq(sc.seq, rerr)
 			continue
@@ -501,6 +535,16 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 		return
 	}
 	e.emit(seq, ev)
+}
+
+// hasMasks reports whether a sequence of the step samples under a constraint.
+func (e *Engine) hasMasks(sched []scheduledSeq) bool {
+	for _, sc := range sched {
+		if sc.sample && sc.seq.constraint != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // fillMasks refills the token mask of every constrained sequence that

@@ -220,7 +220,7 @@ func (b *Backend) finish(path string, cfg *model.Config) error {
 	b.info = engine.BackendInfo{
 		Name: "cuda", Device: info.Device, VocabSize: info.VocabSize, MaxContext: cfg.MaxPositionEmbeddings,
 		KVBlockSize: info.KVBlockSize, NumKVBlocks: info.NumKVBlocks, MaxBatchSeqs: info.MaxSeqsPerStep,
-		MaxStepTokens: info.MaxTokensPerStep, TokenMasks: true, // glmrt_batch.token_masks (ABI 5)
+		MaxStepTokens: info.MaxTokensPerStep, TokenMasks: true, LateMasks: true, // token masks at glmrt_step_finish (ABI 6)
 	}
 	slog.Info("cuda backend ready", "lib", path, "device", info.Device, "tp", info.TensorParallel,
 		"kv_blocks", info.NumKVBlocks, "kv_block_size", info.KVBlockSize,
@@ -290,8 +290,11 @@ func (b *Backend) RuntimeInfo() RuntimeInfo { return b.rt }
 // ErrClosed is returned by Step after Close.
 var ErrClosed = errors.New("cuda backend: closed")
 
-// Step implements engine.Backend: one glmrt_step over the batch. The call
-// itself cannot be interrupted; ctx is checked before it starts.
+// Step implements engine.Backend: the step's forward is launched
+// (glmrt_step_begin), then, while the GPU runs it, the engine finishes the
+// token masks (batch.AwaitMasks), which glmrt_step_finish sends behind the
+// forward before sampling. The call itself cannot be interrupted; ctx is
+// checked before it starts.
 func (b *Backend) Step(ctx context.Context, batch *engine.StepBatch) ([]engine.SeqResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -309,7 +312,13 @@ func (b *Backend) Step(ctx context.Context, batch *engine.StepBatch) ([]engine.S
 		if err = b.bufs.fill(batch, b.lim); err != nil {
 			return
 		}
-		if err = b.eng.step(b.bufs.batch, b.bufs.result); err != nil {
+		if err = b.eng.stepBegin(b.bufs.batch); err != nil {
+			return
+		}
+		if batch.AwaitMasks != nil {
+			batch.AwaitMasks()
+		}
+		if err = b.eng.stepFinish(b.bufs.copyMasks(batch, b.lim), b.bufs.result); err != nil {
 			return
 		}
 		res, err = b.bufs.results(batch, b.lim.vocab)

@@ -175,7 +175,7 @@ func openFake(t *testing.T, o Options) *Backend {
 func TestOpenLoadsEveryTensor(t *testing.T) {
 	b := openFake(t, Options{KVBlockSize: 8, NumKVBlocks: 100, MaxSeqs: 4})
 	info := b.Info()
-	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 8, NumKVBlocks: 100, MaxBatchSeqs: 4, MaxStepTokens: 2048, TokenMasks: true}
+	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 8, NumKVBlocks: 100, MaxBatchSeqs: 4, MaxStepTokens: 2048, TokenMasks: true, LateMasks: true}
 	if info != want {
 		t.Errorf("Info = %+v, want %+v", info, want)
 	}
@@ -333,7 +333,7 @@ func TestStepErrors(t *testing.T) {
 		{"bad history token", []engine.StepSeq{{Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true, Sampling: engine.SamplingParams{PresencePenalty: 1}, OutputTokens: []int32{-3}}}, []string{"output token -3"}},
 		{"too many top logprobs", []engine.StepSeq{{Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true, Sampling: engine.SamplingParams{TopLogprobs: 21}}}, []string{"top_logprobs 21 out of range [0, 20]"}},
 		{"penalty history too long", []engine.StepSeq{{Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true, Sampling: engine.SamplingParams{FrequencyPenalty: 1}, OutputTokens: []int32{1, 2, 3, 4}}}, []string{"4 distinct tokens", "max_penalty_entries 3"}},
-		{"runtime refuses", []engine.StepSeq{{Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true, Sampling: engine.SamplingParams{Seed: 0xBAD}}}, []string{"glmrt_step: fake: seed 0xBAD refused for seq 0", "GLMRT_ERR_INVALID"}},
+		{"runtime refuses", []engine.StepSeq{{Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true, Sampling: engine.SamplingParams{Seed: 0xBAD}}}, []string{"glmrt_step_finish: fake: seed 0xBAD refused for seq 0", "GLMRT_ERR_INVALID"}},
 		{"block id out of pool", []engine.StepSeq{{Tokens: []int32{1}, BlockTable: []int32{8}}}, []string{"fake: seq 0: block 8"}},
 	}
 	for _, tt := range tests {
@@ -433,6 +433,20 @@ func TestStepTokenMasks(t *testing.T) {
 	}
 	if e := res[3].Err; !errors.Is(e, engine.ErrNoAllowedToken) || !strings.Contains(e.Error(), "id 4") {
 		t.Errorf("seq 4: err %v, want ErrNoAllowedToken naming the sequence", e)
+	}
+	// Late masks: empty when Step starts, filled in AwaitMasks (after
+	// glmrt_step_begin); the runtime must see the filled rows.
+	late := mask()
+	awaits := 0
+	res, err = b.Step(context.Background(), &engine.StepBatch{
+		Seqs: []engine.StepSeq{{SeqID: 6, Tokens: []int32{5}, BlockTable: []int32{0}, Sample: true, AllowedTokens: late}},
+		AwaitMasks: func() {
+			awaits++
+			late[900/32] |= 1 << (900 % 32)
+		},
+	})
+	if err != nil || awaits != 1 || res[0].Err != nil || res[0].Token != 900 {
+		t.Errorf("late mask: err %v, %d awaits, result %+v; want token 900", err, awaits, res)
 	}
 	short := &engine.StepBatch{Seqs: []engine.StepSeq{{SeqID: 9, Tokens: []int32{5}, BlockTable: []int32{0}, Sample: true, AllowedTokens: []uint32{1}}}}
 	if _, err := b.Step(context.Background(), short); err == nil || !strings.Contains(err.Error(), "token mask has 1 words, the vocabulary of 1040 needs 33") {

@@ -69,6 +69,7 @@ type stepBuffers struct {
 	promptCount, outputCount []int32
 	touched                  []int32
 	penLens                  []int // per sequence of the current batch
+	nMasks                   int   // token-mask rows of the current batch (reserveMasks)
 }
 
 func newStepBuffers() (*stepBuffers, error) {
@@ -169,7 +170,7 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 	if err != nil {
 		return err
 	}
-	nMasks, err := s.fillMasks(b, lim)
+	nMasks, err := s.reserveMasks(b, lim)
 	if err != nil {
 		return err
 	}
@@ -243,7 +244,7 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 		bt.penalty_output_counts = (*C.int32_t)(s.penOutput.p)
 	}
 	if nMasks > 0 {
-		bt.token_masks = (*C.uint32_t)(s.masks.p)
+		// token_masks stays NULL: the rows go to glmrt_step_finish.
 		bt.n_token_masks = C.int32_t(nMasks)
 		bt.mask_words = C.int32_t(engine.MaskWords(lim.vocab))
 	}
@@ -254,9 +255,10 @@ func clampInt32(v int) int {
 	return max(min(v, math.MaxInt32), math.MinInt32)
 }
 
-// fillMasks copies the token mask of every sampled, constrained sequence
-// into C memory, one row each in sequence order, and returns the rows.
-func (s *stepBuffers) fillMasks(b *engine.StepBatch, lim limits) (int, error) {
+// reserveMasks checks the token mask of every sampled, constrained sequence
+// and sizes C memory for them, one row each in sequence order; the rows are
+// written by copyMasks once the engine has filled them (StepBatch.AwaitMasks).
+func (s *stepBuffers) reserveMasks(b *engine.StepBatch, lim limits) (int, error) {
 	words := engine.MaskWords(lim.vocab)
 	n := 0
 	for i := range b.Seqs {
@@ -269,13 +271,24 @@ func (s *stepBuffers) fillMasks(b *engine.StepBatch, lim limits) (int, error) {
 		}
 		n++
 	}
+	s.nMasks = n
 	if n == 0 {
 		return 0, nil
 	}
-	rows, err := cslice[C.uint32_t](&s.masks, n*words)
-	if err != nil {
+	if _, err := cslice[C.uint32_t](&s.masks, n*words); err != nil {
 		return 0, err
 	}
+	return n, nil
+}
+
+// copyMasks writes the rows reserveMasks sized, from the masks as they are
+// now, and returns them for glmrt_step_finish (nil when there are none).
+func (s *stepBuffers) copyMasks(b *engine.StepBatch, lim limits) *C.uint32_t {
+	if s.nMasks == 0 {
+		return nil
+	}
+	words := engine.MaskWords(lim.vocab)
+	rows := unsafe.Slice((*C.uint32_t)(s.masks.p), s.nMasks*words)
 	r := 0
 	for i := range b.Seqs {
 		q := &b.Seqs[i]
@@ -288,7 +301,7 @@ func (s *stepBuffers) fillMasks(b *engine.StepBatch, lim limits) (int, error) {
 		}
 		r++
 	}
-	return n, nil
+	return &rows[0]
 }
 
 // fillPenalties writes the distinct-token history of every sampled sequence

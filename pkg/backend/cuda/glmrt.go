@@ -25,6 +25,8 @@ typedef struct glmrt_api {
 	__typeof__(glmrt_load_tensor) *load_tensor;
 	__typeof__(glmrt_finalize) *finalize;
 	__typeof__(glmrt_step) *step;
+	__typeof__(glmrt_step_begin) *step_begin;
+	__typeof__(glmrt_step_finish) *step_finish;
 	__typeof__(glmrt_engine_destroy) *engine_destroy;
 	__typeof__(glmrt_synthesize) *synthesize;
 	__typeof__(glmrt_profile_enable) *profile_enable;
@@ -34,8 +36,9 @@ typedef struct glmrt_api {
 // The symbols, in glmrt_api order (after handle).
 static const char *const glmrt_api_names[] = {
 	"glmrt_abi_version", "glmrt_last_error", "glmrt_device_count", "glmrt_engine_create",
-	"glmrt_get_info", "glmrt_load_tensor", "glmrt_finalize", "glmrt_step", "glmrt_engine_destroy",
-	"glmrt_synthesize", "glmrt_profile_enable", "glmrt_profile_read",
+	"glmrt_get_info", "glmrt_load_tensor", "glmrt_finalize", "glmrt_step", "glmrt_step_begin",
+	"glmrt_step_finish", "glmrt_engine_destroy", "glmrt_synthesize", "glmrt_profile_enable",
+	"glmrt_profile_read",
 };
 enum { GLMRT_API_NSYMS = sizeof(glmrt_api_names) / sizeof(glmrt_api_names[0]) };
 
@@ -57,8 +60,9 @@ static int glmrt_api_load(const char *path, glmrt_api *api, char *err, size_t n)
 	void **slots[GLMRT_API_NSYMS] = {
 		(void **)&api->abi_version, (void **)&api->last_error, (void **)&api->device_count,
 		(void **)&api->engine_create, (void **)&api->get_info, (void **)&api->load_tensor,
-		(void **)&api->finalize, (void **)&api->step, (void **)&api->engine_destroy,
-		(void **)&api->synthesize, (void **)&api->profile_enable, (void **)&api->profile_read,
+		(void **)&api->finalize, (void **)&api->step, (void **)&api->step_begin,
+		(void **)&api->step_finish, (void **)&api->engine_destroy, (void **)&api->synthesize,
+		(void **)&api->profile_enable, (void **)&api->profile_read,
 	};
 	for (int i = 0; i < GLMRT_API_NSYMS; i++) {
 		dlerror();
@@ -94,6 +98,8 @@ static int call_load_tensor(const glmrt_api *a, glmrt_engine *e, const char *nam
 }
 static int call_finalize(const glmrt_api *a, glmrt_engine *e) { return a->finalize(e); }
 static int call_step(const glmrt_api *a, glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) { return a->step(e, b, r); }
+static int call_step_begin(const glmrt_api *a, glmrt_engine *e, const glmrt_batch *b) { return a->step_begin(e, b); }
+static int call_step_finish(const glmrt_api *a, glmrt_engine *e, const uint32_t *m, glmrt_result *r) { return a->step_finish(e, m, r); }
 static void call_engine_destroy(const glmrt_api *a, glmrt_engine *e) { a->engine_destroy(e); }
 static int call_synthesize(const glmrt_api *a, glmrt_engine *e, uint64_t seed) { return a->synthesize(e, seed); }
 static int call_profile_enable(const glmrt_api *a, glmrt_engine *e, int32_t on) { return a->profile_enable(e, on); }
@@ -265,17 +271,33 @@ func (e *rtEngine) finalize() error {
 }
 
 func (e *rtEngine) step(b *C.glmrt_batch, r *C.glmrt_result) error {
-	if rc := C.call_step(e.lib.api, e.h, b, r); rc != C.GLMRT_OK {
-		err := e.lib.fail("glmrt_step", rc)
-		if rc == C.GLMRT_ERR_CUDA {
-			// A CUDA error inside a step (illegal address, ECC, a failed
-			// launch) may have left the context unusable (sticky errors
-			// are): the engine stops and the server exits for a restart.
-			err = fmt.Errorf("%w: %w", engine.ErrBackendFatal, err)
-		}
-		return err
+	return e.stepError("glmrt_step", C.call_step(e.lib.api, e.h, b, r))
+}
+
+// stepBegin launches the step's forward (glmrt_step_begin); stepFinish must
+// follow.
+func (e *rtEngine) stepBegin(b *C.glmrt_batch) error {
+	return e.stepError("glmrt_step_begin", C.call_step_begin(e.lib.api, e.h, b))
+}
+
+// stepFinish sends the token masks (the rows declared at begin; nil when
+// none), samples and waits for the results (glmrt_step_finish).
+func (e *rtEngine) stepFinish(masks *C.uint32_t, r *C.glmrt_result) error {
+	return e.stepError("glmrt_step_finish", C.call_step_finish(e.lib.api, e.h, masks, r))
+}
+
+func (e *rtEngine) stepError(call string, rc C.int) error {
+	if rc == C.GLMRT_OK {
+		return nil
 	}
-	return nil
+	err := e.lib.fail(call, rc)
+	if rc == C.GLMRT_ERR_CUDA {
+		// A CUDA error inside a step (illegal address, ECC, a failed
+		// launch) may have left the context unusable (sticky errors
+		// are): the engine stops and the server exits for a restart.
+		err = fmt.Errorf("%w: %w", engine.ErrBackendFatal, err)
+	}
+	return err
 }
 
 // synthesize fills every tensor with the synthetic weights of seed on the GPU

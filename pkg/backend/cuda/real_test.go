@@ -5,6 +5,7 @@ package cuda
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -124,6 +125,46 @@ func tokenMasks(t *testing.T, lib string) {
 		if cpu.Token != res[0].Token {
 			t.Errorf("trial %d (T=%v): GPU drew %d, the CPU sampler on the same logits and mask %d", trial, p.Temperature, res[0].Token, cpu.Token)
 		}
+	}
+	// Late masks: the mask is empty when the step starts and filled in
+	// AwaitMasks, which the backend calls after launching the forward; the
+	// draw must follow the filled mask (glmrt_step_finish sends it).
+	for trial := range 6 {
+		mask := make([]uint32, engine.MaskWords(vocab))
+		id := int32(100 + 37*trial)
+		p := engine.SamplingParams{Temperature: float32(trial % 2), TopP: 1, RepetitionPenalty: 1, Seed: int64(trial), HasSeed: true}
+		awaited := false
+		res, err := b.Step(context.Background(), &engine.StepBatch{
+			Seqs: []engine.StepSeq{{SeqID: 1, Tokens: []int32{5, 17, 300}, BlockTable: []int32{0}, Sample: true, Sampling: p, AllowedTokens: mask}},
+			AwaitMasks: func() {
+				awaited = true
+				mask[id/32] |= 1 << (id % 32)
+			},
+		})
+		if err != nil || res[0].Err != nil || !awaited || res[0].Token != id {
+			t.Fatalf("late mask trial %d: err %v, awaited %v, result %+v; want token %d", trial, err, awaited, res, id)
+		}
+	}
+	// The two-call ABI refuses calls out of order, and steps on afterwards.
+	var finishErr, beginErr error
+	b.thread.run(func() { finishErr = b.eng.stepFinish(nil, b.bufs.result) })
+	if finishErr == nil || !strings.Contains(finishErr.Error(), "no step was begun") {
+		t.Fatalf("finish without begin: %v", finishErr)
+	}
+	b.thread.run(func() {
+		if beginErr = b.bufs.fill(&engine.StepBatch{Seqs: []engine.StepSeq{{SeqID: 1, Tokens: []int32{5}, BlockTable: []int32{0}, Sample: true}}}, b.lim); beginErr != nil {
+			return
+		}
+		if beginErr = b.eng.stepBegin(b.bufs.batch); beginErr != nil {
+			return
+		}
+		beginErr = b.eng.stepBegin(b.bufs.batch)
+		if err := b.eng.stepFinish(nil, b.bufs.result); err != nil {
+			beginErr = fmt.Errorf("finish after a refused second begin: %w", err)
+		}
+	})
+	if beginErr == nil || !strings.Contains(beginErr.Error(), "not finished") {
+		t.Fatalf("begin twice: %v", beginErr)
 	}
 	mask := make([]uint32, engine.MaskWords(vocab)) // allows nothing
 	res, err := b.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{

@@ -53,6 +53,12 @@ struct glmrt_engine {
   uint64_t seed;
   int profiling;
   int64_t profiled_steps;
+  /* A step between glmrt_step_begin and glmrt_step_finish: a deep copy of
+   * its batch (the caller's arrays are not kept past begin). */
+  int pending;
+  glmrt_batch pb;
+  glmrt_seq *pseqs;
+  int32_t *ptok, *ptab, *ppen;
 };
 
 static int pick(int32_t v, int32_t def) { return v > 0 ? v : def; }
@@ -254,9 +260,72 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
   if (tok != b->n_tokens) return fail(GLMRT_ERR_INVALID, "fake: n_tokens %d, seqs hold %d", b->n_tokens, tok);
   return ok();
 }
+
+static void *dup_array(const void *src, size_t n, size_t size) {
+  if (!src || n == 0) return NULL;
+  void *d = malloc(n * size);
+  memcpy(d, src, n * size);
+  return d;
+}
+
+static void drop_pending(glmrt_engine *e) {
+  free(e->pseqs);
+  free(e->ptok);
+  free(e->ptab);
+  free(e->ppen);
+  e->pseqs = NULL;
+  e->ptok = e->ptab = e->ppen = NULL;
+  e->pending = 0;
+}
+
+/* The two-call step: begin keeps a copy of the batch (token_masks must be
+ * NULL), finish runs glmrt_step on it with the masks given then. */
+int glmrt_step_begin(glmrt_engine *e, const glmrt_batch *b) {
+  int rc = same_thread(e);
+  if (rc) return rc;
+  if (e->pending) return fail(GLMRT_ERR_STATE, "fake: glmrt_step_begin: the previous step was begun and not finished");
+  if (b->token_masks) return fail(GLMRT_ERR_INVALID, "fake: glmrt_step_begin: token_masks must be NULL");
+  if (b->n_seqs < 1 || b->n_tokens < 1) return fail(GLMRT_ERR_INVALID, "fake: glmrt_step_begin: empty batch");
+  e->pb = *b;
+  e->pseqs = dup_array(b->seqs, b->n_seqs, sizeof *b->seqs);
+  e->ptok = dup_array(b->token_ids, b->n_tokens, 4);
+  e->ptab = dup_array(b->block_tables, b->n_block_table_entries, 4);
+  /* penalty arrays: tokens, prompt counts, output counts in one buffer */
+  if (b->n_penalty_entries > 0) {
+    size_t n = b->n_penalty_entries;
+    e->ppen = malloc(3 * n * 4);
+    memcpy(e->ppen, b->penalty_tokens, n * 4);
+    memcpy(e->ppen + n, b->penalty_prompt_counts, n * 4);
+    memcpy(e->ppen + 2 * n, b->penalty_output_counts, n * 4);
+    e->pb.penalty_tokens = e->ppen;
+    e->pb.penalty_prompt_counts = e->ppen + n;
+    e->pb.penalty_output_counts = e->ppen + 2 * n;
+  }
+  e->pb.seqs = e->pseqs;
+  e->pb.token_ids = e->ptok;
+  e->pb.block_tables = e->ptab;
+  e->pending = 1;
+  return ok();
+}
+
+int glmrt_step_finish(glmrt_engine *e, const uint32_t *token_masks, glmrt_result *r) {
+  int rc = same_thread(e);
+  if (rc) return rc;
+  if (!e->pending) return fail(GLMRT_ERR_STATE, "fake: glmrt_step_finish: no step was begun");
+  glmrt_batch b = e->pb;
+  b.token_masks = token_masks;
+  rc = glmrt_step(e, &b, r);
+  drop_pending(e);
+  return rc;
+}
 #endif
 
-void glmrt_engine_destroy(glmrt_engine *e) { free(e); }
+void glmrt_engine_destroy(glmrt_engine *e) {
+#ifndef FAKE_OMIT_STEP
+  drop_pending(e);
+#endif
+  free(e);
+}
 
 /* Synthetic weights: counts as one tensor of 0 bytes and records the seed
  * (reported as workspace_bytes) so the Go test can see it arrived. */
