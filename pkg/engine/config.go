@@ -41,7 +41,19 @@ type Config struct {
 	Detokenizer Detokenizer
 	// Logger receives lifecycle logs. nil = slog.Default().
 	Logger *slog.Logger
+	// DraftTokens turns on speculative decoding with the backend's draft
+	// model (the checkpoint's MTP layer, docs/speculative.md): each step
+	// verifies up to this many draft tokens per sequence and proposes as
+	// many for the next. 0 = off. At most BackendInfo.MaxDraftTokens.
+	DraftTokens int
+	// DraftMaxBatch: drafts are proposed only while at most this many
+	// sequences run (at large batch a verify step costs more than it
+	// saves). 0 = DefaultDraftMaxBatch.
+	DraftMaxBatch int
 }
+
+// DefaultDraftMaxBatch is Config.DraftMaxBatch's default.
+const DefaultDraftMaxBatch = 8
 
 // DefaultConfig returns the recommended settings: default budgets and prefix
 // caching on.
@@ -63,6 +75,9 @@ type Limits struct {
 	// MaxModelLen is the most tokens (prompt + output) one sequence may hold.
 	MaxModelLen int
 	VocabSize   int
+	// DraftTokens and DraftMaxBatch: speculative decoding (Config).
+	DraftTokens   int
+	DraftMaxBatch int
 }
 
 // resolve checks cfg against the backend and fills defaults.
@@ -74,6 +89,8 @@ func resolve(cfg Config, info BackendInfo) (Limits, error) {
 		MaxSeqs:          cfg.MaxSeqs,
 		MaxModelLen:      cfg.MaxModelLen,
 		VocabSize:        info.VocabSize,
+		DraftTokens:      cfg.DraftTokens,
+		DraftMaxBatch:    cfg.DraftMaxBatch,
 	}
 	switch {
 	case info.KVBlockSize <= 0:
@@ -92,6 +109,13 @@ func resolve(cfg Config, info BackendInfo) (Limits, error) {
 		return l, fmt.Errorf("engine config: max queue %d must be >= 0 (0 = unbounded)", cfg.MaxQueue)
 	case cfg.NumKVBlocks < 0 || cfg.NumKVBlocks > info.NumKVBlocks:
 		return l, fmt.Errorf("engine config: KV blocks %d must be in [0, %d] (the backend's pool; 0 = all)", cfg.NumKVBlocks, info.NumKVBlocks)
+	case cfg.DraftTokens < 0 || cfg.DraftMaxBatch < 0:
+		return l, fmt.Errorf("engine config: draft tokens %d and draft max batch %d must be >= 0", cfg.DraftTokens, cfg.DraftMaxBatch)
+	case cfg.DraftTokens > info.MaxDraftTokens:
+		if info.MaxDraftTokens == 0 {
+			return l, fmt.Errorf("engine config: speculative decoding (%d draft tokens) needs a draft model, and the %s backend has none loaded (the checkpoint's MTP layer)", cfg.DraftTokens, info.Name)
+		}
+		return l, fmt.Errorf("engine config: %d draft tokens exceed the %s backend's limit of %d", cfg.DraftTokens, info.Name, info.MaxDraftTokens)
 	case info.MaxContext > 0 && cfg.MaxModelLen > info.MaxContext:
 		return l, fmt.Errorf("engine config: max model len %d exceeds the backend's max context %d", cfg.MaxModelLen, info.MaxContext)
 	}
@@ -114,6 +138,9 @@ func resolve(cfg Config, info BackendInfo) (Limits, error) {
 	}
 	if l.MaxModelLen == 0 {
 		l.MaxModelLen = info.MaxContext
+	}
+	if l.DraftTokens > 0 && l.DraftMaxBatch == 0 {
+		l.DraftMaxBatch = DefaultDraftMaxBatch
 	}
 	kvTokens := l.NumKVBlocks * l.BlockSize
 	if l.MaxModelLen == 0 || l.MaxModelLen > kvTokens {

@@ -183,6 +183,7 @@ func (e *Engine) newSequence(req *Request) (*sequence, error) {
 		params.Seed, params.HasSeed = rand.Int64(), true
 	}
 	seq := &sequence{
+		speculate:  e.lim.DraftTokens > 0 && req.Constraint == nil && !req.ReturnLogits,
 		label:      req.Label,
 		tokens:     slices.Clone(req.PromptTokens),
 		numPrompt:  len(req.PromptTokens),
@@ -332,10 +333,14 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 	}
 	for i, sc := range sched {
 		seq := sc.seq
-		start, end := seq.numComputed, seq.numComputed+sc.numTokens
+		start, end := seq.numComputed, seq.numComputed+sc.numTokens-sc.drafts
+		tokens := seq.tokens[start:end:end]
+		if sc.drafts > 0 {
+			tokens = append(slices.Clone(tokens), seq.drafts[:sc.drafts]...)
+		}
 		batch.Seqs[i] = StepSeq{
 			SeqID:        seq.id,
-			Tokens:       seq.tokens[start:end:end],
+			Tokens:       tokens,
 			StartPos:     start,
 			BlockTable:   seq.blocks[:len(seq.blocks):len(seq.blocks)],
 			Sample:       sc.sample,
@@ -347,6 +352,13 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		}
 		if sc.sample && seq.constraint != nil {
 			batch.Seqs[i].AllowedTokens = seq.mask
+		}
+		if seq.speculate {
+			q := &batch.Seqs[i]
+			q.Draft, q.NextToken, q.Drafts, q.Propose = true, -1, sc.drafts, sc.propose
+			if !sc.sample {
+				q.NextToken = seq.tokens[end] // the prompt goes on after this chunk
+			}
 		}
 	}
 	t0 := time.Now()
@@ -419,13 +431,68 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 			e.failSeq(sc.seq, rerr)
 			continue
 		}
-		e.sched.commit(sc)
 		e.stats.ComputedTokens += uint64(sc.numTokens)
+		if sc.drafts > 0 || len(results[i].Accepted) > 0 || len(results[i].Drafts) > 0 {
+			e.acceptSpeculative(sc, &results[i])
+			continue
+		}
+		e.sched.commit(sc.seq, sc.numTokens)
 		if sc.sample {
 			e.accept(sc.seq, &results[i])
 		}
 	}
 	return nil
+}
+
+// acceptSpeculative applies the result of a speculating sequence's step
+// (docs/speculative.md): the positions of its last token and of the accepted
+// drafts become computed, the accepted drafts and the target's token are
+// emitted in order (each may end the request), and the new proposals are
+// kept for the next step. The KV of rejected drafts lies past numComputed and
+// is overwritten later.
+func (e *Engine) acceptSpeculative(sc scheduledSeq, res *SeqResult) {
+	seq := sc.seq
+	switch {
+	case len(res.Accepted) > sc.drafts:
+		e.failSeq(seq, fmt.Errorf("backend accepted %d drafts of the %d it was given", len(res.Accepted), sc.drafts))
+		return
+	case len(res.Drafts) > sc.propose:
+		e.failSeq(seq, fmt.Errorf("backend proposed %d drafts, %d were asked for", len(res.Drafts), sc.propose))
+		return
+	}
+	for j, a := range res.Accepted {
+		if a.Token != seq.drafts[j] {
+			e.failSeq(seq, fmt.Errorf("backend accepted token %d as draft %d, which was %d", a.Token, j, seq.drafts[j]))
+			return
+		}
+	}
+	for _, d := range res.Drafts {
+		if d < 0 || int(d) >= e.lim.VocabSize {
+			e.failSeq(seq, fmt.Errorf("backend proposed draft token %d, outside the vocabulary (size %d)", d, e.lim.VocabSize))
+			return
+		}
+	}
+	seq.drafts = nil
+	e.stats.DraftsVerified += uint64(sc.drafts)
+	e.stats.DraftsAccepted += uint64(len(res.Accepted))
+	// The positions before the drafts (a prefill chunk's, or the last token's).
+	e.sched.commit(seq, sc.numTokens-sc.drafts)
+	if !sc.sample {
+		return
+	}
+	for _, a := range res.Accepted {
+		e.accept(seq, &SeqResult{SeqID: res.SeqID, Token: a.Token, Logprob: a.Logprob, TopLogprobs: a.TopLogprobs})
+		if seq.state == seqFinished {
+			return
+		}
+		// The draft's position holds its KV, and its token is now in
+		// seq.tokens (the prefix cache keys need it).
+		e.sched.commit(seq, 1)
+	}
+	e.accept(seq, res)
+	if seq.state != seqFinished {
+		seq.drafts = slices.Clone(res.Drafts)
+	}
 }
 
 // callStep runs Backend.Step, turning a panic into an error wrapping

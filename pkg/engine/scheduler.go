@@ -37,6 +37,11 @@ type sequence struct {
 	constraint Constraint
 	mask       []uint32
 
+	// speculate: the sequence runs with the draft model (every step sets
+	// StepSeq.Draft); drafts are its proposals for the next step.
+	speculate bool
+	drafts    []int32
+
 	text   *textState // nil without a detokenizer
 	stream *Stream
 	events []Event // produced this iteration, delivered at the next flush
@@ -58,8 +63,10 @@ func (s *sequence) ensureKeys(n, blockSize int) {
 // scheduledSeq is one sequence's share of a step.
 type scheduledSeq struct {
 	seq       *sequence
-	numTokens int  // tokens computed this step, from seq.numComputed
+	numTokens int  // tokens computed this step, from seq.numComputed (drafts included)
 	sample    bool // the chunk reaches the end of seq.tokens
+	drafts    int  // of numTokens, the last drafts are seq.drafts[:drafts] (verified this step)
+	propose   int  // draft tokens to ask for (StepSeq.Propose)
 }
 
 // scheduler decides what runs in each step (vLLM v1 style) and owns the
@@ -110,6 +117,8 @@ func (s *scheduler) schedule() []scheduledSeq {
 	budget := s.lim.MaxBatchedTokens
 	var out []scheduledSeq
 	preempted := false
+	// Speculative decoding proposes drafts only while few sequences run.
+	proposing := s.lim.DraftTokens > 0 && len(s.running)+len(s.waiting) <= s.lim.DraftMaxBatch
 	for i := 0; i < len(s.running) && budget > 0 && len(out) < s.lim.MaxSeqs; {
 		seq := s.running[i]
 		n := min(len(seq.tokens)-seq.numComputed, budget)
@@ -117,8 +126,24 @@ func (s *scheduler) schedule() []scheduledSeq {
 			i++
 			continue
 		}
+		sample := seq.numComputed+n == len(seq.tokens)
+		// A decoding sequence verifies its drafts: they ride behind its last
+		// token, within the budget and the context.
+		drafts := 0
+		if sample && n == 1 {
+			drafts = min(len(seq.drafts), budget-1, seq.maxLen-len(seq.tokens))
+		}
+		propose := 0
+		if seq.speculate && sample && proposing {
+			// The chained draft positions (docs/speculative.md step 4) run up
+			// to e-1+propose-1, e = the step's end position; they must stay
+			// inside the context.
+			propose = max(0, min(s.lim.DraftTokens, seq.maxLen-(seq.numComputed+n+drafts)+1))
+		}
+		n += drafts
+		extra := max(propose-1, 0) // KV slots of the chained draft positions
 		fits := true
-		for !s.grow(seq, n) {
+		for !s.grow(seq, n+extra) {
 			victim := s.running[len(s.running)-1]
 			s.preempt(victim)
 			preempted = true
@@ -130,7 +155,7 @@ func (s *scheduler) schedule() []scheduledSeq {
 		if !fits {
 			break
 		}
-		out = append(out, scheduledSeq{seq: seq, numTokens: n, sample: seq.numComputed+n == len(seq.tokens)})
+		out = append(out, scheduledSeq{seq: seq, numTokens: n, sample: sample, drafts: drafts, propose: propose})
 		budget -= n
 		i++
 	}
@@ -146,7 +171,14 @@ func (s *scheduler) schedule() []scheduledSeq {
 		s.waiting = s.waiting[1:]
 		seq.state = seqRunning
 		s.running = append(s.running, seq)
-		out = append(out, scheduledSeq{seq: seq, numTokens: n, sample: seq.numComputed+n == len(seq.tokens)})
+		sc := scheduledSeq{seq: seq, numTokens: n, sample: seq.numComputed+n == len(seq.tokens)}
+		if seq.speculate && sc.sample && proposing {
+			sc.propose = max(0, min(s.lim.DraftTokens, seq.maxLen-(seq.numComputed+n)+1))
+			if sc.propose > 1 && !s.grow(seq, n+sc.propose-1) {
+				sc.propose = 1 // no blocks for the chained draft positions this time
+			}
+		}
+		out = append(out, sc)
 		budget -= n
 	}
 	return out
@@ -210,16 +242,16 @@ func (s *scheduler) preempt(seq *sequence) {
 	seq.blocks = nil
 	seq.numComputed = 0
 	seq.numRegistered = 0
+	seq.drafts = nil
 	seq.state = seqWaiting
 	s.waiting = slices.Insert(s.waiting, 0, seq)
 	s.preemptions++
 }
 
-// commit records that a step computed sc's tokens, and offers blocks that
-// are now full to the prefix cache.
-func (s *scheduler) commit(sc scheduledSeq) {
-	seq := sc.seq
-	seq.numComputed += sc.numTokens
+// commit records that a step computed n more of seq's tokens (whose ids are
+// in seq.tokens), and offers blocks that are now full to the prefix cache.
+func (s *scheduler) commit(seq *sequence, n int) {
+	seq.numComputed += n
 	if !s.pool.prefix {
 		return
 	}

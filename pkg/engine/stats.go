@@ -43,6 +43,11 @@ type Stats struct {
 	LastStepError     string
 	LastStepErrorAt   time.Time
 
+	// Speculative decoding: draft tokens verified by the target model, and
+	// how many of them it accepted (acceptance rate = accepted / verified).
+	DraftsVerified uint64
+	DraftsAccepted uint64
+
 	Steps          uint64
 	StepTime       time.Duration // total time inside Backend.Step
 	LastStepTime   time.Duration
