@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -30,6 +31,43 @@ func addBackendFlags(f *pflag.FlagSet) {
 	f.Bool("cuda-exact", false, "cuda backend: validation precision (float32 activations, FP32 KV cache and lm_head; slow)")
 }
 
+// addSpeculativeFlags registers speculative decoding (generate, serve, bench).
+func addSpeculativeFlags(f *pflag.FlagSet) {
+	f.String("speculative", "", "speculative decoding: mtp (the checkpoint's multi-token-prediction layer drafts, the model verifies; docs/speculative.md), or empty for off")
+	f.Int("draft-tokens", 1, "with --speculative mtp: draft tokens proposed and verified per step (1.."+strconv.Itoa(maxDraftTokens)+")")
+	f.Int("draft-max-batch", 0, "with --speculative mtp: propose drafts only while at most this many sequences run (0 = "+strconv.Itoa(engine.DefaultDraftMaxBatch)+")")
+}
+
+// maxDraftTokens bounds --draft-tokens: MTP's chained drafts beyond a few
+// are rarely accepted (one trained MTP layer predicts one token ahead).
+const maxDraftTokens = 8
+
+// speculative reads the speculative-decoding flags: the draft tokens per
+// step (0 = off) and the batch size above which drafting pauses.
+func (a *app) speculative() (drafts, maxBatch int, err error) {
+	v := a.v
+	switch mode := v.GetString("speculative"); mode {
+	case "":
+		for _, f := range []string{"draft-tokens", "draft-max-batch"} {
+			if v.IsSet(f) {
+				return 0, 0, fmt.Errorf("--%s: only means something with --speculative mtp", f)
+			}
+		}
+		return 0, 0, nil
+	case "mtp":
+	default:
+		return 0, 0, fmt.Errorf("--speculative %q: want mtp (or empty for off)", mode)
+	}
+	drafts, maxBatch = v.GetInt("draft-tokens"), v.GetInt("draft-max-batch")
+	if drafts < 1 || drafts > maxDraftTokens {
+		return 0, 0, fmt.Errorf("--draft-tokens %d: want 1..%d", drafts, maxDraftTokens)
+	}
+	if maxBatch < 0 {
+		return 0, 0, fmt.Errorf("--draft-max-batch %d: want >= 0 (0 = %d)", maxBatch, engine.DefaultDraftMaxBatch)
+	}
+	return drafts, maxBatch, nil
+}
+
 // openBackend opens the compute backend chosen by the shared flags for the
 // model in dir.
 func (a *app) openBackend(ctx context.Context, dir string) (engine.Backend, error) {
@@ -53,6 +91,13 @@ func (a *app) openBackendFor(ctx context.Context, dir string, spec *synth.Spec) 
 		CUDAExact:      v.GetBool("cuda-exact"),
 		CUDANoGraphs:   !v.GetBool("cuda-graphs"),
 		Synthetic:      spec,
+	}
+	if v.IsSet("speculative") || v.GetString("speculative") != "" {
+		drafts, _, err := a.speculative()
+		if err != nil {
+			return nil, err
+		}
+		o.DraftTokens = drafts
 	}
 	if n := v.GetInt("max-batched-tokens"); n > 0 {
 		o.MaxTokensPerStep = n

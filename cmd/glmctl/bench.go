@@ -56,6 +56,7 @@ and failures by kind. --model is then the served model's name. See docs/bench.md
 	f := cmd.Flags()
 	f.String("model", "testdata/models/tiny-f32", "model directory (with --url: the served model's name, default the first of GET /v1/models)")
 	addBackendFlags(f)
+	addSpeculativeFlags(f)
 	addSyntheticFlags(f)
 	f.Int("max-seqs", 0, "most sequences running at once (0 = engine default); must be >= every --concurrency")
 	f.Int("max-batched-tokens", 0, "token budget of one engine step (0 = engine default)")
@@ -265,11 +266,17 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	if err != nil {
 		return err
 	}
+	drafts, draftBatch, err := a.speculative()
+	if err != nil {
+		return err
+	}
 	ecfg := engine.Config{
 		MaxBatchedTokens: v.GetInt("max-batched-tokens"),
 		MaxSeqs:          v.GetInt("max-seqs"),
 		PrefixCaching:    v.GetBool("prefix-caching"),
 		Logger:           a.log,
+		DraftTokens:      drafts,
+		DraftMaxBatch:    draftBatch,
 	}
 	eng, stopEngine, err := engine.Start(ctx, be, ecfg)
 	if err != nil {

@@ -41,6 +41,7 @@ such a model has no tokenizer: give --prompt-ids, and the output is token ids.`,
 	f := cmd.Flags()
 	f.String("model", "testdata/models/tiny-f32", "model directory")
 	addBackendFlags(f)
+	addSpeculativeFlags(f)
 	addSyntheticFlags(f)
 	f.String("prompt-ids", "", "comma-separated prompt token ids (instead of text)")
 	f.Bool("chat", false, "wrap the prompt as a user message in the model's chat template")
@@ -74,6 +75,10 @@ type generationResult struct {
 	TTFTMillis       float64 `json:"ttft_ms"`
 	TokensPerSecond  float64 `json:"tokens_per_s"`
 	Backend          string  `json:"backend"`
+	// Speculative decoding (--speculative mtp): draft tokens the model
+	// verified and accepted.
+	DraftsVerified uint64 `json:"drafts_verified,omitempty"`
+	DraftsAccepted uint64 `json:"drafts_accepted,omitempty"`
 	// Chat is the parsed output of --chat: reasoning, answer, tool calls.
 	Chat *chatOutput `json:"chat,omitempty"`
 }
@@ -332,6 +337,9 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	defer be.Close()
 	cfg := engine.DefaultConfig()
 	cfg.MaxBatchedTokens = v.GetInt("max-batched-tokens")
+	if cfg.DraftTokens, cfg.DraftMaxBatch, err = a.speculative(); err != nil {
+		return err
+	}
 	cfg.Logger = a.log
 	if tok != nil {
 		// Chat output keeps </think>, <tool_call>... for the parser.
@@ -375,6 +383,8 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 		res.Chat = &chatOutput{ReasoningContent: cs.result.Reasoning, Content: cs.result.Content, ToolCalls: cs.result.ToolCalls}
 	}
 	res.Backend = be.Info().Name
+	st := eng.Stats()
+	res.DraftsVerified, res.DraftsAccepted = st.DraftsVerified, st.DraftsAccepted
 	if asJSON {
 		return writeJSON(a.out, res)
 	}
@@ -383,7 +393,12 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	} else {
 		fmt.Fprintln(a.out)
 	}
-	fmt.Fprintf(a.errOut, "[%s] prompt %d tokens, generated %d, TTFT %.1f ms, %.1f tokens/s, finish %s, seed %d\n",
-		res.Backend, res.PromptTokens, res.CompletionTokens, res.TTFTMillis, res.TokensPerSecond, res.FinishReason, res.Seed)
+	drafts := ""
+	if res.DraftsVerified > 0 {
+		drafts = fmt.Sprintf(", drafts accepted %d of %d (%.0f%%)", res.DraftsAccepted, res.DraftsVerified,
+			100*float64(res.DraftsAccepted)/float64(res.DraftsVerified))
+	}
+	fmt.Fprintf(a.errOut, "[%s] prompt %d tokens, generated %d, TTFT %.1f ms, %.1f tokens/s%s, finish %s, seed %d\n",
+		res.Backend, res.PromptTokens, res.CompletionTokens, res.TTFTMillis, res.TokensPerSecond, drafts, res.FinishReason, res.Seed)
 	return nil
 }

@@ -128,3 +128,30 @@ func TestStreamGenerationStopsOnCancel(t *testing.T) {
 		t.Fatalf("finish %q after %d tokens", res.FinishReason, len(res.TokenIDs))
 	}
 }
+
+// --speculative mtp on the CPU backend gives the greedy tokens of plain
+// decoding (the MTP layer only drafts; the model verifies), and the flags are
+// checked.
+func TestGenerateSpeculative(t *testing.T) {
+	args := []string{"--prompt-ids", "11,22,33,44", "--temperature", "0", "--max-tokens", "24", "--ignore-eos"}
+	plain := generateJSON(t, args...)
+	for _, k := range []string{"1", "3"} {
+		spec := generateJSON(t, append(args, "--speculative", "mtp", "--draft-tokens", k)...)
+		if !slices.Equal(spec.TokenIDs, plain.TokenIDs) {
+			t.Errorf("--draft-tokens %s: %v, plain %v", k, spec.TokenIDs, plain.TokenIDs)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--speculative", "eagle"}, `--speculative "eagle": want mtp`},
+		{[]string{"--draft-tokens", "2"}, "--draft-tokens: only means something with --speculative mtp"},
+		{[]string{"--speculative", "mtp", "--draft-tokens", "0"}, "--draft-tokens 0: want 1..8"},
+	} {
+		_, errOut, code := runCLI(t, append([]string{"generate", "--model", tinyDir, "--backend", "cpu", "--prompt-ids", "1,2"}, tc.args...)...)
+		if code == 0 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q, want %q", tc.args, code, errOut, tc.want)
+		}
+	}
+}

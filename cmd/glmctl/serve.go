@@ -49,6 +49,7 @@ rest and exits 0. Logs are JSON unless --log-format is given.`,
 	f := cmd.Flags()
 	f.String("model", "", "model directory: config.json, safetensors shards, tokenizer.json (required unless --synthetic)")
 	addBackendFlags(f)
+	addSpeculativeFlags(f)
 	addSyntheticFlags(f)
 	f.String("tokenizer", "", "directory of the tokenizer.json to use (default: the model directory; required with --synthetic: any tokenizer whose vocabulary covers the model's ids)")
 	f.String("host", "127.0.0.1", "address to listen on (0.0.0.0 for all interfaces)")
@@ -164,9 +165,15 @@ func (a *app) runServe(ctx context.Context) error {
 		log.Info("structured outputs on", "grammar", "llguidance "+grammar.Version, "vocab", info.VocabSize, "seconds", time.Since(t0).Seconds())
 	}
 
+	drafts, draftBatch, err := a.speculative()
+	if err != nil {
+		return err
+	}
 	srv, err := server.New(server.Options{
 		Backend: backend,
 		Engine: engine.Config{
+			DraftTokens:      drafts,
+			DraftMaxBatch:    draftBatch,
 			MaxBatchedTokens: v.GetInt("max-batched-tokens"),
 			MaxSeqs:          v.GetInt("max-seqs"),
 			MaxModelLen:      v.GetInt("max-model-len"),

@@ -39,6 +39,12 @@ type Options struct {
 	FP8Activations bool // per-token dynamic FP8 activation quantization
 	Threads        int  // worker goroutines
 
+	// DraftTokens > 0 loads the checkpoint's MTP layer as the draft model of
+	// speculative decoding, for up to this many drafts per step
+	// (docs/speculative.md). The CPU backend runs it; the CUDA runtime does
+	// not yet.
+	DraftTokens int
+
 	// CUDA backend (see cuda.Options).
 	LibPath          string // libglmcuda.so; empty: $GLMCTL_CUDA_LIB, else the build cache
 	Arch             string // cached build to use; empty: detected
@@ -62,7 +68,8 @@ type Options struct {
 }
 
 func (o Options) cpu() cpu.Options {
-	return cpu.Options{KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks, FP8Activations: o.FP8Activations, Threads: o.Threads, OnLoad: o.OnLoad}
+	return cpu.Options{KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks, FP8Activations: o.FP8Activations, Threads: o.Threads,
+		DraftTokens: o.DraftTokens, OnLoad: o.OnLoad}
 }
 
 func (o Options) cuda() cuda.Options {
@@ -152,6 +159,9 @@ func Open(ctx context.Context, name, dir string, o Options) (engine.Backend, err
 	}
 	switch c.Name {
 	case CUDA:
+		if o.DraftTokens > 0 {
+			return nil, errors.New("speculative decoding (the MTP draft model) runs on the cpu backend only for now; the CUDA runtime does not load the MTP layer yet")
+		}
 		co := o.cuda()
 		co.LibPath = c.LibPath
 		if o.Synthetic != nil {

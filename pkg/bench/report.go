@@ -48,10 +48,24 @@ func (r *Report) Columns() []string {
 	if r.Header.Projection != nil {
 		cols = append(cols, "proj. floor TPOT ms", "proj. floor tok/s")
 	}
+	if r.hasDrafts() {
+		cols = append(cols, "drafts accepted")
+	}
 	if r.hasGPU() {
 		cols = append(cols, gpuColumns()...)
 	}
 	return cols
+}
+
+// hasDrafts reports whether any run verified draft tokens (speculative
+// decoding); the table then shows the acceptance.
+func (r *Report) hasDrafts() bool {
+	for _, run := range r.Runs {
+		if run.Steps.DraftsVerified > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // hasGPU reports whether any run carries GPU samples (the table then has
@@ -91,6 +105,9 @@ func (r *Report) TableRows() [][]string {
 			} else {
 				row = append(row, "-", "-")
 			}
+		}
+		if r.hasDrafts() {
+			row = append(row, fmt.Sprintf("%.1f%% of %d", 100*run.Steps.DraftAcceptance, run.Steps.DraftsVerified))
 		}
 		if r.hasGPU() {
 			row = append(row, gpuCells(run.GPU)...)

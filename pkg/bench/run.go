@@ -160,6 +160,11 @@ type StepStats struct {
 	// BackendBusy is StepSeconds / the run's wall time: the share of time
 	// the backend computed (the rest is engine, scheduling and client).
 	BackendBusy float64 `json:"backend_busy"`
+	// Speculative decoding: draft tokens verified and accepted, and
+	// DraftAcceptance = accepted / verified (0 without drafts).
+	DraftsVerified  uint64  `json:"drafts_verified,omitempty"`
+	DraftsAccepted  uint64  `json:"drafts_accepted,omitempty"`
+	DraftAcceptance float64 `json:"draft_acceptance,omitempty"`
 }
 
 func stepStats(before, after engine.Stats, wall time.Duration) StepStats {
@@ -171,6 +176,11 @@ func stepStats(before, after engine.Stats, wall time.Duration) StepStats {
 		PromptTokens:    after.PromptTokens - before.PromptTokens,
 		Preemptions:     after.Preemptions - before.Preemptions,
 		PrefixHitTokens: after.PrefixHitTokens - before.PrefixHitTokens,
+		DraftsVerified:  after.DraftsVerified - before.DraftsVerified,
+		DraftsAccepted:  after.DraftsAccepted - before.DraftsAccepted,
+	}
+	if s.DraftsVerified > 0 {
+		s.DraftAcceptance = float64(s.DraftsAccepted) / float64(s.DraftsVerified)
 	}
 	if s.Steps > 0 {
 		s.MeanStepMs = s.StepSeconds * 1e3 / float64(s.Steps)

@@ -122,6 +122,10 @@ var (
 		"Engine steps that failed, failing their requests, by kind (error, panic, fatal).", []string{"kind"}, nil)
 	descNonFinite = prometheus.NewDesc("glmctl_engine_nonfinite_logits_total",
 		"Requests ended with an error because their logits held NaN or Inf.", nil, nil)
+	descDraftsVerified = prometheus.NewDesc("glmctl_spec_decode_draft_tokens_total",
+		"Draft tokens (speculative decoding, --speculative mtp) the model verified.", nil, nil)
+	descDraftsAccepted = prometheus.NewDesc("glmctl_spec_decode_accepted_tokens_total",
+		"Draft tokens the model accepted.", nil, nil)
 )
 
 // engineCollector turns one engine.Stats snapshot per scrape into metrics.
@@ -131,7 +135,8 @@ type engineCollector struct {
 
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueue, descRunning, descKVTotal, descKVUsed, descKVCached, descKVUsage,
-		descPrompt, descGenerated, descFinished, descRejected, descPreempt, descSteps, descPrefixQ, descPrefixH, descStepFail, descNonFinite} {
+		descPrompt, descGenerated, descFinished, descRejected, descPreempt, descSteps, descPrefixQ, descPrefixH, descStepFail, descNonFinite,
+		descDraftsVerified, descDraftsAccepted} {
 		ch <- d
 	}
 }
@@ -169,4 +174,6 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descStepFail, st.StepPanics, "panic")
 	counter(descStepFail, st.FatalErrors, "fatal")
 	counter(descNonFinite, st.NonFiniteLogits)
+	counter(descDraftsVerified, st.DraftsVerified)
+	counter(descDraftsAccepted, st.DraftsAccepted)
 }

@@ -3,7 +3,6 @@ package cpu
 import (
 	"math"
 
-	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/safetensors"
 )
 
@@ -17,7 +16,9 @@ import (
 // kernel's tile schedule, and it decides how P rounds:
 //   - attention_prefill (a sequence with several new tokens in the step):
 //     per query row, 64-key tiles from key 0 in order, one running maximum;
-//   - attention_decode (one new token): 16-key tiles, tile j on warp j % 4,
+//   - attention_decode (one new token, or a position of a speculative
+//     verify step, which the CUDA runtime runs as one decode row per
+//     position): 16-key tiles, tile j on warp j % 4,
 //     a running maximum per warp, the warps merged with weights 2^(m_w − M).
 //
 // These are the kernels' single-split launches (decode contexts up to 128
@@ -43,7 +44,7 @@ func exp2(x float32) float32 { return float32(math.Exp2(float64(x))) }
 
 // attentionGPU is attention with the GPU's rounding and tile schedules (see
 // above); the cache already holds BF16 values (writeKV).
-func (b *Backend) attentionGPU(l int, batch *engine.StepBatch, T int) {
+func (b *Backend) attentionGPU(l int, T int) {
 	cfg, s, bs := b.cfg, &b.s, b.kvBlockSize
 	D, NH, NKV := cfg.HeadDim, cfg.NumAttentionHeads, cfg.NumKeyValueHeads
 	group := NH / NKV
@@ -67,8 +68,7 @@ func (b *Backend) attentionGPU(l int, batch *engine.StepBatch, T int) {
 		for item := lo; item < hi; item++ {
 			t, h := item/NH, item%NH
 			kvh := kvHead(h, group)
-			seq := &batch.Seqs[s.seqOf[t]]
-			table := seq.BlockTable
+			table := s.table[t]
 			n := s.pos[t] + 1
 			scores := buf[:n]
 			q := buf[maxLen : maxLen+D]
@@ -80,7 +80,7 @@ func (b *Backend) attentionGPU(l int, batch *engine.StepBatch, T int) {
 				scores[j] = dot(q, b.kv[off:off+D])
 			}
 			tile, warps := gpuPrefillTile, 1
-			if len(seq.Tokens) == 1 {
+			if s.decode[t] {
 				tile, warps = gpuDecodeTile, gpuDecodeWarps
 			}
 			nTiles := (n + tile - 1) / tile

@@ -77,6 +77,11 @@ type Options struct {
 	FP8Activations bool    // the GPU's FP8 path: per-token FP8 activations in every quantized linear (spec §4.3), BF16 KV and attention operands, BF16 lm_head input
 	Threads        int     // worker goroutines; 0 -> runtime.GOMAXPROCS(0)
 	Variant        Variant // test hook: deliberately wrong math (zero value = correct)
+	// DraftTokens is the most draft tokens a sequence may verify and
+	// propose per step (BackendInfo.MaxDraftTokens): above 0 the backend
+	// loads the checkpoint's MTP layer and runs it as the draft model of
+	// speculative decoding (docs/speculative.md); 0 leaves it unloaded.
+	DraftTokens int
 	// OnLoad, if not nil, is called as weights are read, with the
 	// checkpoint bytes read so far and the total to read (progress).
 	OnLoad func(done, total int64)
@@ -91,8 +96,15 @@ type Backend struct {
 
 	kvBlockSize int
 	numKVBlocks int
+	// kvLayers is the number of layers in the pool: num_hidden_layers, plus
+	// the MTP layer's when drafting (the last one).
+	kvLayers int
 	// kv is the pool [block][layer][k|v][slot][kvDim], flat.
 	kv []float32
+
+	// mtpHook, when set (tests only), receives the MTP layer's draft logits
+	// of every (sequence, position) pair of step 3 of docs/speculative.md.
+	mtpHook func(seq uint64, pos int, logits []float32)
 
 	pool    *workerPool
 	sampler sample.Sampler
@@ -108,13 +120,21 @@ var _ engine.Backend = (*Backend)(nil)
 // to the GLM-4.x MoE architecture, dequantizes the weights to float32 and
 // allocates the KV pool.
 func Open(dir string, o Options) (*Backend, error) {
-	if o.KVBlockSize < 0 || o.NumKVBlocks < 0 || o.Threads < 0 {
-		return nil, fmt.Errorf("cpu backend: options: KVBlockSize %d, NumKVBlocks %d and Threads %d must be >= 0",
-			o.KVBlockSize, o.NumKVBlocks, o.Threads)
+	if o.KVBlockSize < 0 || o.NumKVBlocks < 0 || o.Threads < 0 || o.DraftTokens < 0 {
+		return nil, fmt.Errorf("cpu backend: options: KVBlockSize %d, NumKVBlocks %d, Threads %d and DraftTokens %d must be >= 0",
+			o.KVBlockSize, o.NumKVBlocks, o.Threads, o.DraftTokens)
 	}
 	cfg, err := model.LoadConfig(dir)
 	if err != nil {
 		return nil, fmt.Errorf("cpu backend: %w", err)
+	}
+	kvLayers := cfg.NumHiddenLayers
+	if o.DraftTokens > 0 {
+		if cfg.NumNextNPredictLayers < 1 {
+			return nil, fmt.Errorf("cpu backend: DraftTokens %d needs the checkpoint's MTP layer, but %s/config.json has num_nextn_predict_layers = %d",
+				o.DraftTokens, dir, cfg.NumNextNPredictLayers)
+		}
+		kvLayers++ // the MTP layer's cache
 	}
 	if o.KVBlockSize == 0 {
 		o.KVBlockSize = DefaultKVBlockSize
@@ -126,12 +146,12 @@ func Open(dir string, o Options) (*Backend, error) {
 	if o.NumKVBlocks == 0 {
 		o.NumKVBlocks = min(defaultPoolSeqs*blocksPerSeq, maxDefaultKVBlocks)
 	}
-	kvPerBlock := int64(cfg.NumHiddenLayers) * 2 * int64(o.KVBlockSize) * int64(cfg.KVDim())
+	kvPerBlock := int64(kvLayers) * 2 * int64(o.KVBlockSize) * int64(cfg.KVDim())
 	if kvBytes := kvPerBlock * int64(o.NumKVBlocks) * 4; kvBytes > MaxKVBytes {
 		return nil, fmt.Errorf("cpu backend: KV pool of %d blocks x %d tokens needs %d bytes as float32, over the limit of %d; ask for fewer blocks",
 			o.NumKVBlocks, o.KVBlockSize, kvBytes, int64(MaxKVBytes))
 	}
-	w, err := loadWeights(dir, cfg, o.FP8Activations, o.OnLoad)
+	w, err := loadWeights(dir, cfg, o.FP8Activations, o.DraftTokens > 0, o.OnLoad)
 	if err != nil {
 		return nil, fmt.Errorf("cpu backend: %w", err)
 	}
@@ -141,6 +161,7 @@ func Open(dir string, o Options) (*Backend, error) {
 		w:           w,
 		kvBlockSize: o.KVBlockSize,
 		numKVBlocks: o.NumKVBlocks,
+		kvLayers:    kvLayers,
 		kv:          make([]float32, kvPerBlock*int64(o.NumKVBlocks)),
 		pool:        newWorkerPool(o.Threads),
 	}
@@ -168,6 +189,8 @@ func (b *Backend) Info() engine.BackendInfo {
 		KVBlockSize: b.kvBlockSize,
 		NumKVBlocks: b.numKVBlocks,
 		TokenMasks:  true, // pkg/sample applies StepSeq.AllowedTokens
+		// The MTP layer is loaded exactly when DraftTokens > 0.
+		MaxDraftTokens: b.opts.DraftTokens,
 	}
 }
 
@@ -193,7 +216,8 @@ var ErrClosed = errors.New("cpu backend is closed")
 // new tokens are embedded, their K/V written to the slots their block tables
 // name, attention reads positions 0..pos of each sequence from the pool, and
 // logits are computed at each sequence's last position where it samples or
-// asks for logits.
+// asks for logits. A sequence with Draft set also has its drafts verified
+// and runs the MTP layer (mtp.go, docs/speculative.md).
 func (b *Backend) Step(ctx context.Context, batch *engine.StepBatch) ([]engine.SeqResult, error) {
 	if batch == nil {
 		return nil, errors.New("cpu step: nil batch")

@@ -1,7 +1,9 @@
 package cpu
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/glmctl/glmctl/pkg/model"
 	"github.com/glmctl/glmctl/pkg/safetensors"
@@ -45,6 +47,17 @@ type weights struct {
 	finalNorm []float32
 	lmHead    linear
 	layers    []layerWeights
+	mtp       *mtpWeights // nil unless Options.DraftTokens > 0
+}
+
+// mtpWeights is the MTP ("nextn") layer, layer num_hidden_layers of the
+// checkpoint (docs/speculative.md). Its own embed_tokens and
+// shared_head.head are never loaded: the main embedding and lm_head serve.
+type mtpWeights struct {
+	enorm, hnorm []float32
+	headNorm     []float32 // shared_head.norm
+	ehProj       linear    // [H][2H], input [embedding ; hidden]
+	layer        layerWeights
 }
 
 // loader reads bound tensors of an open checkpoint into float32.
@@ -52,12 +65,14 @@ type loader struct {
 	ck   *safetensors.Checkpoint
 	bind *model.Binding
 	fp8  bool
+	// mtp: the MTP layer is loaded too (its tensors count in the sizes).
+	mtp bool
 	// onLoad reports the bytes read of total (nil: nobody asked).
 	onLoad      func(done, total int64)
 	done, total int64
 }
 
-func loadWeights(dir string, cfg *model.Config, fp8 bool, onLoad func(done, total int64)) (*weights, error) {
+func loadWeights(dir string, cfg *model.Config, fp8, mtp bool, onLoad func(done, total int64)) (*weights, error) {
 	ck, bind, err := model.OpenBound(dir, cfg)
 	if err != nil {
 		return nil, err
@@ -67,49 +82,104 @@ func loadWeights(dir string, cfg *model.Config, fp8 bool, onLoad func(done, tota
 	if err := bind.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", dir, err)
 	}
+	if mtp {
+		if err := mtpBindErr(cfg, bind); err != nil {
+			return nil, fmt.Errorf("%s: %w", dir, err)
+		}
+	}
 	// Scales, norms and biases: a NaN or a zero scale there poisons every
-	// token, so refuse the checkpoint now, naming tensor and shard.
+	// token, so refuse the checkpoint now, naming tensor and shard. (The
+	// MTP layer's are not checked: it only proposes drafts, and bad drafts
+	// cost speed, never correctness.)
 	if err := weightcheck.Check(ck, bind); err != nil {
 		return nil, err
 	}
-	if need := weightBytes(cfg, bind); need > MaxWeightBytes {
+	if need := weightBytes(cfg, bind, mtp); need > MaxWeightBytes {
 		return nil, fmt.Errorf("%s: the CPU backend holds weights as float32 and would need %d bytes, over its limit of %d (it is meant for small models; use the CUDA backend)",
 			dir, need, int64(MaxWeightBytes))
 	}
-	ld := &loader{ck: ck, bind: bind, fp8: fp8, onLoad: onLoad}
+	ld := &loader{ck: ck, bind: bind, fp8: fp8, mtp: mtp, onLoad: onLoad}
 	if onLoad != nil {
-		ld.total = readBytes(cfg, bind)
+		ld.total = readBytes(cfg, bind, mtp)
 	}
 	return ld.load(cfg)
 }
 
-// weightBytes is the float32 size of every main-model tensor.
-func weightBytes(cfg *model.Config, bind *model.Binding) int64 {
+// mtpBindErr reports the binding problems of the MTP layer the backend
+// loads (layer num_hidden_layers), naming each tensor. The layer's own
+// embedding and head, which are never read, and unexpected extra tensors
+// do not count.
+func mtpBindErr(cfg *model.Config, bind *model.Binding) error {
+	var errs []error
+	for _, p := range bind.Problems {
+		if !p.MTP || !loadsMTPTensor(cfg, p.Tensor) || strings.HasPrefix(p.Msg, "unexpected tensor") {
+			continue
+		}
+		errs = append(errs, errors.New(p.String()))
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("speculative decoding (DraftTokens > 0) needs the MTP layer %s.*, and the checkpoint's does not match the architecture:\n%w",
+		model.LayerPrefix(cfg.NumHiddenLayers), errors.Join(errs...))
+}
+
+func isMTP(cfg *model.Config, name string) bool {
+	var l int
+	if _, err := fmt.Sscanf(name, "model.layers.%d.", &l); err == nil {
+		return l >= cfg.NumHiddenLayers
+	}
+	return false
+}
+
+// loadsMTPTensor reports whether name is a tensor of the MTP layer the
+// backend reads: layer num_hidden_layers, without its embed_tokens and
+// shared_head.head (docs/speculative.md).
+func loadsMTPTensor(cfg *model.Config, name string) bool {
+	p := model.LayerPrefix(cfg.NumHiddenLayers) + "."
+	if !strings.HasPrefix(name, p) {
+		return false
+	}
+	rest := name[len(p):]
+	return !strings.HasPrefix(rest, "embed_tokens.") && !strings.HasPrefix(rest, "shared_head.head.")
+}
+
+// loaded reports whether the loader reads tensor name: every main-model
+// tensor, and the used MTP tensors when mtp is set.
+func loaded(cfg *model.Config, name string, mtp bool) bool {
+	if !isMTP(cfg, name) {
+		return true
+	}
+	return mtp && loadsMTPTensor(cfg, name)
+}
+
+// weightBytes is the float32 size of every tensor the loader reads.
+func weightBytes(cfg *model.Config, bind *model.Binding, mtp bool) int64 {
 	var n int64
 	for _, t := range bind.Tensors {
-		if !isMTP(cfg, t.Name) {
+		if loaded(cfg, t.Name, mtp) {
 			n += t.NumElements()
 		}
 	}
 	for _, l := range bind.Linears {
-		if !l.Spec.MTP {
+		if loaded(cfg, l.Weight.Name, mtp) {
 			n += l.Weight.NumElements()
 		}
 	}
 	return 4 * n
 }
 
-// readBytes is the checkpoint size of every main-model tensor the loader
-// reads (for progress).
-func readBytes(cfg *model.Config, bind *model.Binding) int64 {
+// readBytes is the checkpoint size of every tensor the loader reads (for
+// progress).
+func readBytes(cfg *model.Config, bind *model.Binding, mtp bool) int64 {
 	var n int64
 	for _, t := range bind.Tensors {
-		if !isMTP(cfg, t.Name) {
+		if loaded(cfg, t.Name, mtp) {
 			n += t.ByteSize()
 		}
 	}
 	for _, l := range bind.Linears {
-		if l.Spec.MTP {
+		if !loaded(cfg, l.Weight.Name, mtp) {
 			continue
 		}
 		for _, t := range []*safetensors.TensorInfo{l.Weight, l.Bias, l.Scale} {
@@ -119,14 +189,6 @@ func readBytes(cfg *model.Config, bind *model.Binding) int64 {
 		}
 	}
 	return n
-}
-
-func isMTP(cfg *model.Config, name string) bool {
-	var l int
-	if _, err := fmt.Sscanf(name, "model.layers.%d.", &l); err == nil {
-		return l >= cfg.NumHiddenLayers
-	}
-	return false
 }
 
 func (ld *loader) load(cfg *model.Config) (*weights, error) {
@@ -148,7 +210,45 @@ func (ld *loader) load(cfg *model.Config) (*weights, error) {
 			return nil, err
 		}
 	}
+	if ld.mtp {
+		if w.mtp, err = ld.mtpLayer(cfg); err != nil {
+			return nil, fmt.Errorf("MTP layer (DraftTokens > 0): %w", err)
+		}
+	}
 	return w, nil
+}
+
+// mtpLayer loads the MTP layer: its norms, eh_proj and a full MoE decoder
+// layer (the same loading as the main layers'). eh_proj is unquantized in
+// the FP8 release, so it is a plain float32 linear; were it FP8, ld.linear
+// would treat it like any quantized linear.
+func (ld *loader) mtpLayer(cfg *model.Config) (*mtpWeights, error) {
+	H, L := cfg.HiddenSize, cfg.NumHiddenLayers
+	p := model.LayerPrefix(L)
+	m := &mtpWeights{}
+	var err error
+	for _, x := range []struct {
+		dst  *[]float32
+		name string
+	}{{&m.enorm, ".enorm.weight"}, {&m.hnorm, ".hnorm.weight"}, {&m.headNorm, ".shared_head.norm.weight"}} {
+		if *x.dst, err = ld.tensor(p+x.name, H); err != nil {
+			return nil, err
+		}
+	}
+	if m.ehProj, err = ld.linear(p + ".eh_proj"); err != nil {
+		return nil, err
+	}
+	if m.ehProj.out != H || m.ehProj.in != 2*H {
+		return nil, fmt.Errorf("linear %s.eh_proj: shape [%d %d], want [%d %d]", p, m.ehProj.out, m.ehProj.in, H, 2*H)
+	}
+	if err := ld.layer(cfg, L, &m.layer); err != nil {
+		return nil, err
+	}
+	if m.layer.moe == nil {
+		// IsMoELayer holds for every index >= first_k_dense_replace.
+		return nil, fmt.Errorf("layer %s is not a MoE layer (first_k_dense_replace %d)", p, cfg.FirstKDenseReplace)
+	}
+	return m, nil
 }
 
 func (ld *loader) layer(cfg *model.Config, l int, lw *layerWeights) error {

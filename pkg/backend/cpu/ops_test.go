@@ -6,7 +6,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/model"
 )
 
@@ -105,7 +104,7 @@ func TestKVHeadGQA(t *testing.T) {
 // of order in the pool.
 func TestAttentionPagedGQA(t *testing.T) {
 	cfg := &model.Config{NumHiddenLayers: 1, NumAttentionHeads: 4, NumKeyValueHeads: 2, HeadDim: 2, MaxPositionEmbeddings: 8}
-	b := &Backend{cfg: cfg, kvBlockSize: 2, numKVBlocks: 4, pool: newWorkerPool(2)}
+	b := &Backend{cfg: cfg, kvBlockSize: 2, numKVBlocks: 4, kvLayers: 1, pool: newWorkerPool(2)}
 	defer b.pool.close()
 	b.kv = make([]float32, 4*1*2*2*cfg.KVDim())
 	table := []int32{3, 1} // positions 0,1 in block 3; position 2 in block 1
@@ -121,11 +120,11 @@ func TestAttentionPagedGQA(t *testing.T) {
 		}
 	}
 	// One token at position 2; query head h = [h+1, 1].
-	batch := &engine.StepBatch{Seqs: []engine.StepSeq{{Tokens: []int32{0}, StartPos: 2, BlockTable: table}}}
 	b.s.pos, b.s.seqOf = []int{2}, []int{0}
+	b.s.table, b.s.decode = [][]int32{table}, []bool{true}
 	b.s.q = []float32{1, 1, 2, 1, 3, 1, 4, 1}
 	b.s.o = make([]float32, 8)
-	b.attention(0, batch, 1)
+	b.attention(0, 1)
 	for h := range 4 {
 		g := h / 2 // GQA: heads 0,1 -> kv 0; heads 2,3 -> kv 1
 		var sc [3]float64

@@ -11,8 +11,15 @@ import (
 
 // scratch is the per-step working memory, grown as needed and reused.
 type scratch struct {
-	tok, pos, seqOf []int // per token of the step
+	// Rows of the current pass (the target's tokens, or the MTP layer's
+	// rows): token id, position, owning sequence (batch index), that
+	// sequence's block table, and whether attention runs the GPU's decode
+	// schedule for the row (attentionGPU).
+	tok, pos, seqOf []int
+	table           [][]int32
+	decode          []bool
 	last            []int // per sequence: index of its last token, or -1
+	first           []int // per sequence: index of its first token
 
 	h, a, tmp   []float32 // [T][H]
 	q, o        []float32 // [T][NH·D]
@@ -32,9 +39,11 @@ type scratch struct {
 	xe, ye      []float32 // gathered expert input/output rows
 	rsc         routerScratch
 	poisoned    []int     // tokens of this MoE call with fewer than top_k finite router scores
-	headRows    []float32 // normed last hidden states [S][H]
-	logits      []float32 // [S][V]
-	logitSeqIdx []int
+	headRows    []float32 // normed hidden states that lm_head reads [R][H]
+	logits      []float32 // [R][V]
+	logitSeqIdx []int     // per sequence with logits: batch index
+	logitRow0   []int     // per sequence with logits: its first row of headRows
+	mtp         mtpScratch
 }
 
 func grow(buf []float32, n int) []float32 {
@@ -90,7 +99,12 @@ func (b *Backend) validate(batch *engine.StepBatch) error {
 				return fmt.Errorf("sequence %d: block table entry %d is block %d, outside the pool [0, %d)", s.SeqID, j, blk, b.numKVBlocks)
 			}
 		}
-		for p := s.StartPos; p < end; p++ {
+		if err := b.validateDraft(s); err != nil {
+			return err
+		}
+		// Chained proposals write the MTP layer's KV at positions up to
+		// end+Propose-2 (validateDraft checked the block table covers them).
+		for p := s.StartPos; p < end+max(0, s.Propose-1); p++ {
 			slot := int64(s.BlockTable[p/bs])*int64(bs) + int64(p%bs)
 			if other, dup := written[slot]; dup && other != i {
 				return fmt.Errorf("sequences %d and %d both write KV block %d slot %d in one step",
@@ -102,90 +116,159 @@ func (b *Backend) validate(batch *engine.StepBatch) error {
 	return nil
 }
 
-// kvOffset is the index in b.kv of (block, layer, k=0|v=1, slot).
+// kvOffset is the index in b.kv of (block, layer, k=0|v=1, slot). Layer
+// num_hidden_layers, when the pool has it, is the MTP layer's.
 func (b *Backend) kvOffset(block, layer, which, slot int) int {
 	kvDim := b.cfg.KVDim()
-	return (((block*b.cfg.NumHiddenLayers+layer)*2+which)*b.kvBlockSize + slot) * kvDim
+	return (((block*b.kvLayers+layer)*2+which)*b.kvBlockSize + slot) * kvDim
 }
 
 func (b *Backend) forward(ctx context.Context, batch *engine.StepBatch) ([]engine.SeqResult, error) {
-	cfg := b.cfg
-	H := cfg.HiddenSize
+	H := b.cfg.HiddenSize
 	T := batch.NumTokens()
 	s := &b.s
-	s.tok, s.pos, s.seqOf = growInt(s.tok, T), growInt(s.pos, T), growInt(s.seqOf, T)
-	s.last = growInt(s.last, len(batch.Seqs))
-	t := 0
-	for i := range batch.Seqs {
-		seq := &batch.Seqs[i]
-		for j, tok := range seq.Tokens {
-			s.tok[t], s.pos[t], s.seqOf[t] = int(tok), seq.StartPos+j, i
-			t++
-		}
-		s.last[i] = t - 1
-	}
-
+	b.targetRows(batch, T)
+	// The rows point at the batch's block tables; let go of them when the
+	// step ends (the engine owns the tables).
+	defer func() { clear(s.table[:cap(s.table)]) }()
 	s.h = grow(s.h, T*H)
 	for t, tok := range s.tok {
 		copy(s.h[t*H:(t+1)*H], b.w.embed[tok*H:(tok+1)*H])
 	}
-	rot := cfg.RotaryDim()
-	if s.invFreq == nil {
-		s.invFreq = ropeInvFreq(rot, cfg.RopeTheta)
-	}
-	half := rot / 2
-	s.cos, s.sin = grow(s.cos, T*half), grow(s.sin, T*half)
-	for t, p := range s.pos {
-		ropeAngles(p, s.invFreq, s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
-	}
-
+	b.ropeRows(T)
 	for l := range b.w.layers {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("cpu step: cancelled before layer %d: %w", l, err)
 		}
-		b.layer(l, batch, T)
+		b.layer(&b.w.layers[l], l, T)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("cpu step: cancelled before lm_head: %w", err)
 	}
-	return b.heads(batch)
+	results, err := b.heads(batch)
+	if err != nil || !anyDraft(batch) {
+		return results, err
+	}
+	if err := b.draft(ctx, batch, results); err != nil {
+		return nil, err
+	}
+	return results, nil
 }
 
-// heads computes the final norm and lm_head at the last position of every
-// sequence that samples or wants logits, then samples.
+// targetRows describes the step's T tokens as rows: every sequence's new
+// tokens in batch order. A row runs the GPU's decode attention schedule when
+// its sequence has one token, or verifies drafts: the CUDA backend runs each
+// verify position through its decode kernel with its own context length, so
+// a verified token sees the arithmetic of plain one-token decoding.
+func (b *Backend) targetRows(batch *engine.StepBatch, T int) {
+	s := &b.s
+	b.sizeRows(T)
+	s.last = growInt(s.last, len(batch.Seqs))
+	s.first = growInt(s.first, len(batch.Seqs))
+	t := 0
+	for i := range batch.Seqs {
+		seq := &batch.Seqs[i]
+		decode := len(seq.Tokens) == 1 || seq.Drafts > 0
+		s.first[i] = t
+		for j, tok := range seq.Tokens {
+			s.tok[t], s.pos[t], s.seqOf[t] = int(tok), seq.StartPos+j, i
+			s.table[t], s.decode[t] = seq.BlockTable, decode
+			t++
+		}
+		s.last[i] = t - 1
+	}
+}
+
+// sizeRows sizes the row descriptors for n rows.
+func (b *Backend) sizeRows(n int) {
+	s := &b.s
+	s.tok, s.pos, s.seqOf = growInt(s.tok, n), growInt(s.pos, n), growInt(s.seqOf, n)
+	if cap(s.table) < n {
+		s.table, s.decode = make([][]int32, n), make([]bool, n)
+	}
+	s.table, s.decode = s.table[:n], s.decode[:n]
+}
+
+// ropeRows fills the RoPE tables of the first n rows from their positions.
+func (b *Backend) ropeRows(n int) {
+	s := &b.s
+	rot := b.cfg.RotaryDim()
+	if s.invFreq == nil {
+		s.invFreq = ropeInvFreq(rot, b.cfg.RopeTheta)
+	}
+	half := rot / 2
+	s.cos, s.sin = grow(s.cos, n*half), grow(s.sin, n*half)
+	for t, p := range s.pos[:n] {
+		ropeAngles(p, s.invFreq, s.cos[t*half:(t+1)*half], s.sin[t*half:(t+1)*half])
+	}
+}
+
+// logitRows is how many positions of seq get target logits: the last one
+// where it samples or asks for logits, and with drafts to verify the
+// Drafts+1 positions that predict each draft and the token after them.
+func logitRows(seq *engine.StepSeq) int {
+	switch {
+	case seq.Sample:
+		return seq.Drafts + 1
+	case seq.WantLogits:
+		return 1
+	}
+	return 0
+}
+
+// heads computes the final norm and lm_head where logitRows asks, then
+// samples (or verifies drafts). For a sequence with Draft set it also keeps
+// the final-normed hidden state of every position (s.mtp.hn), the MTP
+// layer's input.
 func (b *Backend) heads(batch *engine.StepBatch) ([]engine.SeqResult, error) {
 	cfg, s := b.cfg, &b.s
 	H, V := cfg.HiddenSize, cfg.VocabSize
-	s.logitSeqIdx = s.logitSeqIdx[:0]
-	for i := range batch.Seqs {
-		if batch.Seqs[i].Sample || batch.Seqs[i].WantLogits {
-			s.logitSeqIdx = append(s.logitSeqIdx, i)
-		}
-	}
 	results := make([]engine.SeqResult, len(batch.Seqs))
 	for i := range batch.Seqs {
 		results[i].SeqID = batch.Seqs[i].SeqID
 	}
-	n := len(s.logitSeqIdx)
+	if anyDraft(batch) {
+		b.normDraftRows(batch)
+	}
+	s.logitSeqIdx, s.logitRow0 = s.logitSeqIdx[:0], s.logitRow0[:0]
+	n := 0
+	for i := range batch.Seqs {
+		if k := logitRows(&batch.Seqs[i]); k > 0 {
+			s.logitSeqIdx = append(s.logitSeqIdx, i)
+			s.logitRow0 = append(s.logitRow0, n)
+			n += k
+		}
+	}
 	if n == 0 {
 		return results, nil
 	}
 	s.headRows = grow(s.headRows, n*H)
 	for r, i := range s.logitSeqIdx {
-		t := s.last[i]
-		row := s.headRows[r*H : (r+1)*H]
-		rmsNorm(row, s.h[t*H:(t+1)*H], b.w.finalNorm, float32(cfg.RMSNormEps))
-		if b.opts.FP8Activations {
-			roundBF16(row) // the GPU's lm_head is a BF16 GEMM
+		seq := &batch.Seqs[i]
+		k := logitRows(seq)
+		for j := range k {
+			t := s.last[i] - (k - 1) + j
+			row := s.headRows[(s.logitRow0[r]+j)*H:][:H]
+			if seq.Draft {
+				copy(row, s.mtp.hn[t*H:(t+1)*H]) // the same norm, computed once
+				continue
+			}
+			b.finalNorm(row, s.h[t*H:(t+1)*H])
 		}
 	}
 	s.logits = grow(s.logits, n*V)
 	b.linear(s.logits, s.headRows, n, &b.w.lmHead)
 	for r, i := range s.logitSeqIdx {
 		seq := &batch.Seqs[i]
-		logits := s.logits[r*V : (r+1)*V]
+		logits := s.logits[s.logitRow0[r]*V : (s.logitRow0[r]+logitRows(seq))*V]
 		if seq.Sample {
-			res, err := b.sampler.ForStep(logits, seq)
+			var res engine.SeqResult
+			var err error
+			if seq.Drafts > 0 {
+				res, err = b.sampler.ForVerifyStep(logits, seq)
+			} else {
+				res, err = b.sampler.ForStep(logits, seq)
+			}
 			if err != nil {
 				// This sequence alone fails (non-finite logits wrap
 				// engine.ErrNonFiniteLogits); the others keep their tokens.
@@ -194,10 +277,19 @@ func (b *Backend) heads(batch *engine.StepBatch) ([]engine.SeqResult, error) {
 			results[i] = res
 		}
 		if seq.WantLogits {
-			results[i].Logits = append([]float32(nil), logits...)
+			results[i].Logits = append([]float32(nil), logits[len(logits)-V:]...)
 		}
 	}
 	return results, nil
+}
+
+// finalNorm is the final RMSNorm of one hidden row into dst: what lm_head
+// reads, rounded to BF16 on the FP8 path (the GPU's lm_head is a BF16 GEMM).
+func (b *Backend) finalNorm(dst, x []float32) {
+	rmsNorm(dst, x, b.w.finalNorm, float32(b.cfg.RMSNormEps))
+	if b.opts.FP8Activations {
+		roundBF16(dst)
+	}
 }
 
 // linear computes y[t][n] = x[t]·W[n] (+ bias[n]) for t < rows, splitting
@@ -256,9 +348,10 @@ func (b *Backend) linear(y, x []float32, rows int, l *linear) {
 	})
 }
 
-// layer runs decoder layer l on the step's T tokens, in place on s.h.
-func (b *Backend) layer(l int, batch *engine.StepBatch, T int) {
-	cfg, s, lw := b.cfg, &b.s, &b.w.layers[l]
+// layer runs a decoder layer on the pass's T rows, in place on s.h, with
+// its K/V in pool layer kvl.
+func (b *Backend) layer(lw *layerWeights, kvl int, T int) {
+	cfg, s := b.cfg, &b.s
 	H, D := cfg.HiddenSize, cfg.HeadDim
 	NH, NKV := cfg.NumAttentionHeads, cfg.NumKeyValueHeads
 	eps := float32(cfg.RMSNormEps)
@@ -273,8 +366,8 @@ func (b *Backend) layer(l int, batch *engine.StepBatch, T int) {
 	b.linear(s.k, s.a, T, &lw.k)
 	b.linear(s.v, s.a, T, &lw.v)
 	b.qkNormRoPE(lw, T)
-	b.writeKV(l, batch)
-	b.attention(l, batch, T)
+	b.writeKV(kvl, T)
+	b.attention(kvl, T)
 	b.linear(s.tmp, s.o, T, &lw.o)
 	for i := range T * H {
 		s.h[i] += s.tmp[i]
@@ -324,26 +417,21 @@ func (b *Backend) qkNormRoPE(lw *layerWeights, T int) {
 	}
 }
 
-// writeKV stores the step's K (after norm and RoPE) and V of layer l in the
-// slots the block tables name.
-func (b *Backend) writeKV(l int, batch *engine.StepBatch) {
+// writeKV stores the pass's K (after norm and RoPE) and V of pool layer l
+// in the slots the rows' block tables name.
+func (b *Backend) writeKV(l, T int) {
 	s, bs := &b.s, b.kvBlockSize
 	kvDim := b.cfg.KVDim()
-	t := 0
-	for i := range batch.Seqs {
-		seq := &batch.Seqs[i]
-		for j := range seq.Tokens {
-			p := seq.StartPos + j
-			blk, slot := int(seq.BlockTable[p/bs]), p%bs
-			k := b.kv[b.kvOffset(blk, l, 0, slot):][:kvDim]
-			v := b.kv[b.kvOffset(blk, l, 1, slot):][:kvDim]
-			copy(k, s.k[t*kvDim:(t+1)*kvDim])
-			copy(v, s.v[t*kvDim:(t+1)*kvDim])
-			if b.opts.FP8Activations && !b.opts.Variant.FP8FloatKV { // the GPU's KV cache is BF16
-				roundBF16(k)
-				roundBF16(v)
-			}
-			t++
+	for t := range T {
+		p := s.pos[t]
+		blk, slot := int(s.table[t][p/bs]), p%bs
+		k := b.kv[b.kvOffset(blk, l, 0, slot):][:kvDim]
+		v := b.kv[b.kvOffset(blk, l, 1, slot):][:kvDim]
+		copy(k, s.k[t*kvDim:(t+1)*kvDim])
+		copy(v, s.v[t*kvDim:(t+1)*kvDim])
+		if b.opts.FP8Activations && !b.opts.Variant.FP8FloatKV { // the GPU's KV cache is BF16
+			roundBF16(k)
+			roundBF16(v)
 		}
 	}
 }
@@ -352,9 +440,9 @@ func (b *Backend) writeKV(l int, batch *engine.StepBatch) {
 // every query head h, softmax(q·kᵀ/√D) over positions 0..p of the sequence
 // (read from the pool) times V, with query head h reading KV head
 // h / (NH/NKV) (GQA).
-func (b *Backend) attention(l int, batch *engine.StepBatch, T int) {
+func (b *Backend) attention(l int, T int) {
 	if b.opts.FP8Activations && !b.opts.Variant.FP8ExactSoftmax {
-		b.attentionGPU(l, batch, T)
+		b.attentionGPU(l, T)
 		return
 	}
 	cfg, s, bs := b.cfg, &b.s, b.kvBlockSize
@@ -378,7 +466,7 @@ func (b *Backend) attention(l int, batch *engine.StepBatch, T int) {
 		for item := lo; item < hi; item++ {
 			t, h := item/NH, item%NH
 			kvh := kvHead(h, group)
-			table := batch.Seqs[s.seqOf[t]].BlockTable
+			table := s.table[t]
 			n := s.pos[t] + 1
 			q := s.q[(t*NH+h)*D : (t*NH+h+1)*D]
 			mx := float32(math.Inf(-1))
