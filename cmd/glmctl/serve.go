@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -168,6 +169,10 @@ func (a *app) runServe(ctx context.Context) error {
 	drafts, draftBatch, err := a.speculative()
 	if err != nil {
 		return err
+	}
+	if drafts > 0 {
+		log.Info("speculative decoding on", "draft_model", "MTP layer", "draft_tokens", drafts,
+			"draft_max_batch", cmp.Or(draftBatch, engine.DefaultDraftMaxBatch))
 	}
 	srv, err := server.New(server.Options{
 		Backend: backend,
