@@ -59,12 +59,12 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer
 except ImportError as exc:  # pragma: no cover - environment problem
     sys.exit(f"demo_corpus: needs tokenizers and numpy ({exc}); pip install -r scripts/requirements-demo.txt")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tokenizer_build_tiny import GLM4_SPLIT, SPECIALS  # noqa: E402  (the tiny tokenizer's tables)
+from tokenizer_build_tiny import SPECIALS, train_glm_bpe  # noqa: E402  (the tiny tokenizer's tables and trainer)
 
 ORDINARY_VOCAB = 4000
 VOCAB_SIZE = 4096          # config.json vocab_size: ordinary + 36 specials, padded
@@ -144,31 +144,7 @@ def collect(goroot: Path) -> tuple[list[tuple[str, str]], dict]:
 
 
 def train_tokenizer(texts: list[str]) -> Tokenizer:
-    tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = None
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(GLM4_SPLIT), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
-    trainer = trainers.BpeTrainer(
-        vocab_size=ORDINARY_VOCAB,
-        min_frequency=2,
-        show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        special_tokens=[],
-    )
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
-    got = tok.get_vocab_size(with_added_tokens=False)
-    if got != ORDINARY_VOCAB:
-        sys.exit(f"demo_corpus: trained vocab has {got} tokens, want {ORDINARY_VOCAB}")
-    for i, (content, special) in enumerate(SPECIALS):
-        tok.add_tokens([AddedToken(content, single_word=False, lstrip=False, rstrip=False,
-                                   normalized=False, special=special)])
-        tid = tok.token_to_id(content)
-        if tid != ORDINARY_VOCAB + i:
-            sys.exit(f"demo_corpus: {content} got id {tid}, want {ORDINARY_VOCAB + i}")
-    return tok
+    return train_glm_bpe(texts, ORDINARY_VOCAB, "demo_corpus", length=len(texts))
 
 
 def special_ids() -> dict[str, int]:

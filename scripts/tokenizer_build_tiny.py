@@ -150,7 +150,10 @@ def corpus_lines():
                     yield line.lower()
 
 
-def build(out_dir):
+def train_glm_bpe(texts, vocab, who, length=None):
+    """A byte-level BPE of exactly `vocab` ordinary tokens with GLM-4's
+    pre-tokenizer, trained on `texts`, with SPECIALS added at ids vocab, vocab+1, ...
+    (scripts/demo_corpus.py trains the demo model's tokenizer with it too)."""
     tok = Tokenizer(models.BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = None
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -161,23 +164,28 @@ def build(out_dir):
     )
     tok.decoder = decoders.ByteLevel(add_prefix_space=True, trim_offsets=True, use_regex=True)
     trainer = trainers.BpeTrainer(
-        vocab_size=ORDINARY_VOCAB,
+        vocab_size=vocab,
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    tok.train_from_iterator(corpus_lines(), trainer=trainer)
+    tok.train_from_iterator(texts, trainer=trainer, length=length)
     got = tok.get_vocab_size(with_added_tokens=False)
-    if got != ORDINARY_VOCAB:
-        sys.exit(f"trained vocab has {got} tokens, want {ORDINARY_VOCAB}: enlarge the corpus")
+    if got != vocab:
+        sys.exit(f"{who}: trained vocab has {got} tokens, want {vocab}: enlarge the corpus")
 
     for i, (content, special) in enumerate(SPECIALS):
         added = AddedToken(content, single_word=False, lstrip=False, rstrip=False, normalized=False, special=special)
         tok.add_tokens([added])
         tid = tok.token_to_id(content)
-        if tid != ORDINARY_VOCAB + i:
-            sys.exit(f"{content} got id {tid}, want {ORDINARY_VOCAB + i}")
+        if tid != vocab + i:
+            sys.exit(f"{who}: {content} got id {tid}, want {vocab + i}")
+    return tok
+
+
+def build(out_dir):
+    tok = train_glm_bpe(corpus_lines(), ORDINARY_VOCAB, "tokenizer_build_tiny")
 
     os.makedirs(out_dir, exist_ok=True)
     tok.save(os.path.join(out_dir, "tokenizer.json"), pretty=False)
