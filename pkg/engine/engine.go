@@ -23,6 +23,8 @@ type Engine struct {
 	cfg     Config
 	lim     Limits
 	log     *slog.Logger
+	// lateMasks: the backend calls StepBatch.AwaitMasks (BackendInfo.LateMasks).
+	lateMasks bool
 
 	// Shared with Submit/Cancel, guarded by mu.
 	mu          sync.Mutex
@@ -66,13 +68,14 @@ func New(backend Backend, cfg Config) (*Engine, error) {
 		log.Warn("max model len capped by KV capacity", "asked", asked, "kv_tokens", lim.NumKVBlocks*lim.BlockSize, "max_model_len", lim.MaxModelLen)
 	}
 	e := &Engine{
-		backend: backend,
-		cfg:     cfg,
-		lim:     lim,
-		log:     log,
-		wake:    make(chan struct{}, 1),
-		sched:   newScheduler(lim, cfg.PrefixCaching),
-		nextID:  1,
+		backend:   backend,
+		cfg:       cfg,
+		lim:       lim,
+		log:       log,
+		lateMasks: info.LateMasks,
+		wake:      make(chan struct{}, 1),
+		sched:     newScheduler(lim, cfg.PrefixCaching),
+		nextID:    1,
 	}
 	e.sched.onFirstAdmit = func(*sequence) {
 		e.mu.Lock()
@@ -298,10 +301,13 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 	batch := &StepBatch{Seqs: make([]StepSeq, len(sched))}
 	// The token masks of constrained sequences: filled before the step, or,
 	// with a LateMasks backend, while the device runs the step's forward.
-	var maskErrs map[*sequence]error
-	masksDone := make(chan struct{})
-	late := e.backend.Info().LateMasks && e.hasMasks(sched)
+	var (
+		maskErrs  map[*sequence]error
+		masksDone chan struct{} // closed when the late masks are filled
+	)
+	late := e.lateMasks && e.hasMasks(sched)
 	if late {
+		masksDone = make(chan struct{})
 		go func() {
 			defer close(masksDone)
 			maskErrs = e.fillMasks(sched)

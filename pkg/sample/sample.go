@@ -72,16 +72,21 @@ func Distribution(logits []float32, p engine.SamplingParams, h History) ([]float
 // history from seq. It is what a backend calls after computing the logits of
 // seq's last position.
 func (s *Sampler) ForStep(logits []float32, seq *engine.StepSeq) (engine.SeqResult, error) {
-	r, err := s.Sample(logits, seq.Sampling, History{
-		PromptTokens: seq.PromptTokens,
-		OutputTokens: seq.OutputTokens,
-		SampleIndex:  seq.SampleIndex,
-		Allowed:      seq.AllowedTokens,
-	})
+	r, err := s.Sample(logits, seq.Sampling, historyOf(seq))
 	if err != nil {
 		return engine.SeqResult{}, fmt.Errorf("sequence %d: %w", seq.SeqID, err)
 	}
 	return engine.SeqResult{SeqID: seq.SeqID, Token: r.Token, Logprob: r.Logprob, TopLogprobs: r.TopLogprobs}, nil
+}
+
+// historyOf is the part of a step's sequence the sampler reads.
+func historyOf(seq *engine.StepSeq) History {
+	return History{
+		PromptTokens: seq.PromptTokens,
+		OutputTokens: seq.OutputTokens,
+		SampleIndex:  seq.SampleIndex,
+		Allowed:      seq.AllowedTokens,
+	}
 }
 
 // Sample draws the next token from logits (one position, vocabulary-sized).

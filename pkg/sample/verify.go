@@ -157,12 +157,7 @@ func (s *Sampler) ForVerifyStep(logits []float32, seq *engine.StepSeq) (engine.S
 	if D == 0 {
 		return s.ForStep(logits, seq)
 	}
-	v, err := s.Verify(logits, seq.Tokens[len(seq.Tokens)-D:], seq.Sampling, History{
-		PromptTokens: seq.PromptTokens,
-		OutputTokens: seq.OutputTokens,
-		SampleIndex:  seq.SampleIndex,
-		Allowed:      seq.AllowedTokens,
-	})
+	v, err := s.Verify(logits, seq.Tokens[len(seq.Tokens)-D:], seq.Sampling, historyOf(seq))
 	if err != nil {
 		return engine.SeqResult{}, fmt.Errorf("sequence %d: %w", seq.SeqID, err)
 	}
