@@ -107,6 +107,15 @@ var structuredSchemas = []string{
 	`{"type":"object","properties":{"id":{"type":"string","pattern":"^[a-f0-9]{4}$"},"n":{"type":"number","minimum":1,"maximum":2}},"required":["id","n"],"additionalProperties":false}`,
 }
 
+// validateAgainst parses doc as JSON and validates it against sch.
+func validateAgainst(sch *jsonschema.Schema, doc string) error {
+	v, err := jsonschema.UnmarshalJSON(strings.NewReader(doc))
+	if err != nil {
+		return fmt.Errorf("not JSON: %w", err)
+	}
+	return sch.Validate(v)
+}
+
 func compileSchema(t *testing.T, i int, schema string) *jsonschema.Schema {
 	t.Helper()
 	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(schema))
@@ -161,17 +170,17 @@ func TestStructuredOutputs(t *testing.T) {
 	}
 	validJSON := func(sch *jsonschema.Schema) func(string) error {
 		return func(out string) error {
+			if sch != nil {
+				return validateAgainst(sch, out)
+			}
 			v, err := jsonschema.UnmarshalJSON(strings.NewReader(out))
 			if err != nil {
 				return fmt.Errorf("not JSON: %w", err)
 			}
-			if sch == nil {
-				if _, ok := v.(map[string]any); !ok {
-					return fmt.Errorf("not a JSON object")
-				}
-				return nil
+			if _, ok := v.(map[string]any); !ok {
+				return fmt.Errorf("not a JSON object")
 			}
-			return sch.Validate(v)
+			return nil
 		}
 	}
 	for i, schema := range structuredSchemas {
@@ -336,11 +345,7 @@ func TestForcedToolCalls(t *testing.T) {
 						t.Errorf("tool_choice %v: call to %q", choice, tc.Function.Name)
 						continue
 					}
-					v, err := jsonschema.UnmarshalJSON(strings.NewReader(tc.Function.Arguments))
-					if err == nil {
-						err = sch.Validate(v)
-					}
-					if err != nil {
+					if err := validateAgainst(sch, tc.Function.Arguments); err != nil {
 						t.Errorf("%s(%s): %v", tc.Function.Name, tc.Function.Arguments, err)
 					}
 					calls++
@@ -390,11 +395,7 @@ func TestAnthropicStructured(t *testing.T) {
 				text += b.Text
 			}
 		}
-		v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
-		if err == nil {
-			err = sch.Validate(v)
-		}
-		if err != nil || resp.StopReason != "end_turn" {
+		if err := validateAgainst(sch, text); err != nil || resp.StopReason != "end_turn" {
 			t.Errorf("output_config.format %d: stop %q, %q: %v", i, resp.StopReason, text, err)
 		}
 		choice := map[string]any{"type": "any"}
@@ -416,11 +417,7 @@ func TestAnthropicStructured(t *testing.T) {
 				continue
 			}
 			uses++
-			v, err := jsonschema.UnmarshalJSON(bytes.NewReader(b.Input))
-			if err == nil {
-				err = wsch.Validate(v)
-			}
-			if b.Name != "get_weather" || err != nil {
+			if err := validateAgainst(wsch, string(b.Input)); b.Name != "get_weather" || err != nil {
 				t.Errorf("tool_choice %v: %s(%s): %v", choice, b.Name, b.Input, err)
 			}
 		}
@@ -469,11 +466,7 @@ func TestResponsesStructured(t *testing.T) {
 				text += c.Text
 			}
 		}
-		v, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
-		if err == nil {
-			err = sch.Validate(v)
-		}
-		if err != nil || resp.Text.Format.Type != "json_schema" {
+		if err := validateAgainst(sch, text); err != nil || resp.Text.Format.Type != "json_schema" {
 			t.Errorf("text.format %d (echoed %q): %q: %v", i, resp.Text.Format.Type, text, err)
 		}
 		code, body = postJSON(t, url+"/v1/responses", map[string]any{"input": "weather?", "max_output_tokens": 200, "temperature": 1.0,
@@ -492,11 +485,7 @@ func TestResponsesStructured(t *testing.T) {
 				continue
 			}
 			calls++
-			v, err := jsonschema.UnmarshalJSON(strings.NewReader(o.Args))
-			if err == nil {
-				err = wsch.Validate(v)
-			}
-			if o.Name != "get_weather" || err != nil {
+			if err := validateAgainst(wsch, o.Args); o.Name != "get_weather" || err != nil {
 				t.Errorf("forced call %s(%s): %v", o.Name, o.Args, err)
 			}
 		}
