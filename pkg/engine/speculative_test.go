@@ -155,11 +155,13 @@ func runKVModel(t *testing.T, cfg Config, blocks, wrongEvery int, reqs []Request
 	t.Helper()
 	m := newKVModel(4, blocks, 4, wrongEvery)
 	e := newEngine(t, m, cfg)
-	startEngine(t, e, nil)
+	// Every request is queued before the loop starts, so the steps (and
+	// which of them propose drafts) do not depend on submission timing.
 	streams := make([]*Stream, len(reqs))
 	for i := range reqs {
 		streams[i] = mustSubmit(t, e, &reqs[i])
 	}
+	startEngine(t, e, nil)
 	out := make([][]int32, len(reqs))
 	for i, st := range streams {
 		c := collect(t, st)
