@@ -23,6 +23,9 @@
 #            step and a batch-64 decode step (6 layers), from ncu
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
+#   ab       the decode step at context 2k, batch {1,4,16,64,128,256}, with each
+#            library of AB_LIBS ("name=path/libglmcuda.so ..."), alternated AB_REPS
+#            times (default 2) on this machine; a table of step ms per library last
 #   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes); the
 #            grouped expert GEMM bench next to torch._scaled_mm (PREFILL_BENCH=0 skips
 #            both); time to first token of 2k, 8k and 32k prompts with a profile; an 8k
@@ -198,6 +201,34 @@ if want ncu-prefill; then
   cp "$LOG/ncu-prefill.csv" "$LOG/ncu-dram-b64.csv" "$FINAL/" 2>/dev/null
 fi
 
+if want ab; then
+  # Same-machine A/B of runtime libraries (fresh machines differ by ~3%).
+  read -r -a libs <<<"${AB_LIBS:-cur=$GLMCTL_CUDA_LIB}"
+  for rep in $(seq "${AB_REPS:-2}"); do
+    for nl in "${libs[@]}"; do
+      name=${nl%%=*}; lib=${nl#*=}
+      GLMCTL_CUDA_LIB="$PWD/${lib#$PWD/}" timeout "$T" "$G" bench "${SYN[@]}" --batches 1,4,16,64,128,256 --contexts 2048 \
+        --steps 20 --warmup-steps 3 --markdown >"$LOG/ab-$name-$rep.md" 2>"$LOG/ab-$name-$rep.err" ||
+        fail "bench ab $name $rep FAIL ($(tail -1 "$LOG/ab-$name-$rep.err"))"
+    done
+  done
+  {
+    printf '| batch |'; for nl in "${libs[@]}"; do printf ' %s ms |' "${nl%%=*}"; done; echo
+    printf '|---:|'; for nl in "${libs[@]}"; do printf -- '---:|'; done; echo
+    for b in 1 4 16 64 128 256; do
+      printf '| %s |' "$b"
+      for nl in "${libs[@]}"; do
+        name=${nl%%=*}
+        v=$(for f in "$LOG"/ab-"$name"-*.md; do awk -F'|' -v b="$b" '$2+0==b && $3+0==2048 {gsub(/ /,"",$4); print $4}' "$f"; done | paste -sd/)
+        printf ' %s |' "${v:--}"
+      done
+      echo
+    done
+  } >"$LOG/ab.md"
+  cp "$LOG"/ab*.md "$FINAL/" 2>/dev/null
+  note "bench ab              done (ab.md: step ms p50 per run)"
+fi
+
 if want e2e; then
   t0=$(date +%s)
   if timeout "$T" "$G" bench "${SYN[@]}" --concurrency 64 --input-len 512 --output-len 32 --requests 64 --warmup 0 \
@@ -232,7 +263,7 @@ if want prefill; then
 fi
 
 echo
-for f in ttft-2048.md ttft-8192.md ttft-32768.md arrival.md grid.md profile-graphs-on.md e2e.md masks-off-1.md masks-on-1.md masks-off-2.md masks-on-2.md grammar-bench.txt; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
+for f in ab.md ttft-2048.md ttft-8192.md ttft-32768.md arrival.md grid.md profile-graphs-on.md e2e.md masks-off-1.md masks-on-1.md masks-off-2.md masks-on-2.md grammar-bench.txt; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
 [[ -f "$LOG/prefill-bench.txt" ]] && { echo "==== prefill attention (ours, then SDPA)"; tail -12 "$LOG/prefill-bench.txt"; tail -11 "$LOG/prefill-sdpa.txt"; }
 [[ -f "$LOG/attn-bench.txt" ]] && { echo "==== attention (ours, then SDPA)"; tail -45 "$LOG/attn-bench.txt"; tail -40 "$LOG/sdpa.txt"; }
 echo; echo "==== gpu-perf ($(head -1 "$LOG/device.txt"))"

@@ -383,6 +383,14 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes)
                : "memory");
 }
+// The same under an L2 policy (l2_policy_stream: the decode step reads each
+// KV line once).
+__device__ __forceinline__ void cp_async16_zfill_hint(uint32_t dst, const void* src, int src_bytes,
+                                                      uint64_t policy) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;" ::"r"(dst), "l"(src),
+               "r"(src_bytes), "l"(policy)
+               : "memory");
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
@@ -603,6 +611,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   const uint32_t wbase = (uint32_t)__cvta_generic_to_shared(dsmem) + warp * S * kDecStageBytes;
   const __nv_bfloat16* kc = a.k_cache;
   const __nv_bfloat16* vc = a.v_cache;
+  const uint64_t kv_pol = l2_policy_stream();
   // Copies tile j of this warp into stage buf: lane copies 16-byte chunk
   // (lane & 15) of keys 2i + (lane >> 4), i = 0..7, of K and of V; keys >= k1
   // (the tail of the last tile) are zero-filled and not read.
@@ -618,8 +627,8 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
       const int nb = kl < valid ? 16 : 0;
       const uint32_t so = kl * 256 + ((ch ^ (kl & 7)) << 4);
       const int64_t src = off + kl * kDecD + ch * 8;
-      cp_async16_zfill(dk + so, kc + src, nb);
-      cp_async16_zfill(dk + kDecTileBytes + so, vc + src, nb);
+      cp_async16_zfill_hint(dk + so, kc + src, nb, kv_pol);
+      cp_async16_zfill_hint(dk + kDecTileBytes + so, vc + src, nb, kv_pol);
     }
   };
 

@@ -76,12 +76,31 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
 
 __device__ __forceinline__ float bf16_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-// 16-byte load of streamed data read once (weights): bypass L1.
-__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
+// L2 policy for the bytes a decode step reads once (weights, the KV cache):
+// their lines are the first L2 evicts. A step streams far more than L2 holds
+// (a batch-1 layer ~65 MB, L2 50 MB), so with plain loads each layer's weights
+// flush the code, metadata, block tables and activations its small kernels
+// need, and every kernel starts with a chain of HBM misses (docs/perf.md,
+// 2026-11-24: attention 10 us warm, 20 us after an L2 flush). Created per
+// thread (no memory access).
+__device__ __forceinline__ uint64_t l2_policy_stream() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ uint64_t l2_policy_normal() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// 16-byte load of streamed data read once (weights): bypass L1, evict first from L2.
+__device__ __forceinline__ uint4 ld_stream_v4(const void* p, uint64_t policy) {
   uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
+               : "l"(p), "l"(policy));
   return r;
 }
 
@@ -103,6 +122,20 @@ __device__ __forceinline__ void cp_async_cg16(uint32_t smem_addr, const void* sr
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(smem_addr), "l"(src));
   else
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(src));
+}
+// cp_async_cg16 for streamed weights: the same copy under an L2 policy
+// (l2_policy_stream).
+__device__ __forceinline__ void cp_async_cg16_hint(uint32_t smem_addr, const void* src, int l2_prefetch,
+                                                   uint64_t policy) {
+  if (l2_prefetch == 2)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::256B [%0], [%1], 16, %2;" ::"r"(smem_addr),
+                 "l"(src), "l"(policy));
+  else if (l2_prefetch == 1)
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint.L2::128B [%0], [%1], 16, %2;" ::"r"(smem_addr),
+                 "l"(src), "l"(policy));
+  else
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_addr), "l"(src),
+                 "l"(policy));
 }
 __device__ __forceinline__ void cp_async_ca16(uint32_t smem_addr, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(src));

@@ -269,6 +269,7 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
   const uint32_t wbuf_s = (uint32_t)__cvta_generic_to_shared(wbuf);
   const int pf = L.l2_prefetch;
   const int swz = (g & 1) << 2;  // the swizzle of fragment rows g and g+8
+  const uint64_t wpol = l2_policy_stream();
 
   for (;;) {  // work items: one for kPlain / kPdl, gridDim.z apart for kTiled
     const uint8_t* wsrc = a.W + ((int64_t)grp * a.N + n0 + crow) * K + kbeg + cpiece * 16;
@@ -282,7 +283,8 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
       for (int u = 0; u < W_COPIES; ++u) {
         const int row = crow + u * ROWS_PER_COPY;
         if (u * ROWS_PER_COPY < rows_left)
-          cp_async_cg16(d + row * KS + ((cpiece ^ ((row & 1) << 2)) * 16), wsrc + u * wstep + koff, pf);
+          cp_async_cg16_hint(d + row * KS + ((cpiece ^ ((row & 1) << 2)) * 16), wsrc + u * wstep + koff, pf,
+                             wpol);
       }
     };
     bool w_issued = false;  // kPdl: the prologue's weight stages are already in flight
@@ -443,6 +445,7 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32)
   const int kend = kbeg + k_per_split;
   const float* wsc = a.w_scale + (int64_t)grp * a.N;
   const float* bias = a.bias ? a.bias + (int64_t)grp * a.N : nullptr;
+  const uint64_t pol = l2_policy_stream();
 
   for (int chunk = 0; chunk < cnt; chunk += 8 * MT) {
     const int nt = min(MT, (cnt - chunk + 7) / 8);
@@ -459,17 +462,17 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32)
     float acc[MT][4];
 #pragma unroll
     for (int t = 0; t < MT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-    uint4 curA0 = ld_stream_v4(wA + kbeg + 16 * c), curA1 = ld_stream_v4(wA + kbeg + 64 + 16 * c);
-    uint4 curB0 = ld_stream_v4(wB + kbeg + 16 * c), curB1 = ld_stream_v4(wB + kbeg + 64 + 16 * c);
+    uint4 curA0 = ld_stream_v4(wA + kbeg + 16 * c, pol), curA1 = ld_stream_v4(wA + kbeg + 64 + 16 * c, pol);
+    uint4 curB0 = ld_stream_v4(wB + kbeg + 16 * c, pol), curB1 = ld_stream_v4(wB + kbeg + 64 + 16 * c, pol);
     for (int k = kbeg; k < kend; k += kKStep) {
       uint4 nxA0, nxA1, nxB0, nxB1;
       const bool more = k + kKStep < kend;
       if (more) {
         const int kn = k + kKStep + 16 * c;
-        nxA0 = ld_stream_v4(wA + kn);
-        nxA1 = ld_stream_v4(wA + kn + 64);
-        nxB0 = ld_stream_v4(wB + kn);
-        nxB1 = ld_stream_v4(wB + kn + 64);
+        nxA0 = ld_stream_v4(wA + kn, pol);
+        nxA1 = ld_stream_v4(wA + kn + 64, pol);
+        nxB0 = ld_stream_v4(wB + kn, pol);
+        nxB1 = ld_stream_v4(wB + kn + 64, pol);
       }
 #pragma unroll
       for (int t = 0; t < MT; ++t) {

@@ -151,6 +151,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // Producer warpgroup: thread tid copies piece (tid & 7) of token rows
     // (tid >> 3) + 16 i.
     const int piece = tid & 7, prow = tid >> 3;
+    const uint64_t wpol = l2_policy_stream();  // weights: read once per step
     int stage = 0;
     uint32_t phase = 0;
     for (int u = blockIdx.x; u < total; u += gridDim.x) {
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         const uint32_t sw = sbase + stage * C::STAGE_BYTES, full = bar_full + 8 * stage;
         if (tid == 0) {
           mbar_arrive_expect_tx(full, C::W_BYTES);
-          tma_load_2d(sw, &wmap, kt * kSwBK, wrow, full);
+          tma_load_2d_hint(sw, &wmap, kt * kSwBK, wrow, full, wpol);
         }
 #pragma unroll
         for (int i = 0; i < C::X_PER; ++i) {

@@ -48,6 +48,14 @@ struct AddNormArgs {
 };
 cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st);
 
+// moe_combine(y, inv, w, ..., add) followed by add_rmsnorm(a) with that sum as
+// a.delta, in one launch (a.delta and a.row_index unset; the sum itself is not
+// written): the end of a MoE layer and the next layer's input norm on one GPU.
+// Bit-identical to the two kernels. slots <= 32; hidden / 4 <= 2048.
+bool combine_add_rmsnorm_supported(int hidden, int slots);
+cudaError_t combine_add_rmsnorm(const float* y, const int* inv, const float* w, int slots,
+                                const float* add, const AddNormArgs& a, cudaStream_t st);
+
 // Per token: q/k per-head RMSNorm (if weights given), partial NeoX RoPE on the
 // first rot_dim dims (pairs j, j+rot/2; angle pos*inv_freq[j mod rot/2]), q
 // written to q_out [T, n_q_heads, head_dim] (FP32), k and v written as BF16 into

@@ -353,11 +353,12 @@ inline int64_t rf_partial_rows(int T) {
 constexpr int kRfMaxTiles = 1023;
 constexpr size_t kRfHeaderBytes = (kRfMaxTiles + 1) * sizeof(int);
 
-__device__ __forceinline__ float4 ld_nc_na_f4(const float* p) {
+// Router weights: read once per step, evicted first from L2 (l2_policy_stream).
+__device__ __forceinline__ float4 ld_nc_na_f4(const float* p, uint64_t policy) {
   float4 r;
-  asm("ld.global.nc.L1::no_allocate.v4.f32 {%0,%1,%2,%3}, [%4];"
+  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.f32 {%0,%1,%2,%3}, [%4], %5;"
       : "=f"(r.x), "=f"(r.y), "=f"(r.z), "=f"(r.w)
-      : "l"(p));
+      : "l"(p), "l"(policy));
   return r;
 }
 
@@ -470,12 +471,15 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
       for (int m = 0; m < RM; ++m) xr[m] = a.x + (int64_t)(t0 + m < T ? t0 + m : T - 1) * H;
 #pragma unroll
       for (int n = 0; n < kRfRN; ++n) wr[n] = a.W + (int64_t)(e0 + n < E ? e0 + n : E - 1) * H;
+      // One token tile reads the weights once: evict them first. Several
+      // tiles share them through L2.
+      const uint64_t wpol = sh.n_tt <= 1 ? l2_policy_stream() : l2_policy_normal();
       constexpr int kUnroll = RM <= 4 ? 2 : 1;
 #pragma unroll kUnroll
       for (int k = kb + lane * 4; k < ke; k += 128) {
         float4 wv[kRfRN], xv[RM];
 #pragma unroll
-        for (int n = 0; n < kRfRN; ++n) wv[n] = ld_nc_na_f4(wr[n] + k);
+        for (int n = 0; n < kRfRN; ++n) wv[n] = ld_nc_na_f4(wr[n] + k, wpol);
 #pragma unroll
         for (int m = 0; m < RM; ++m) xv[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + k));
 #pragma unroll

@@ -56,6 +56,56 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
          ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
 }
 
+// The normalisation of one row held in registers (v = h + delta, NV float4
+// per thread, w the weights): sum of squares, y = weight * (h * r), the
+// outputs, and with out_q the row quantized to E4M3. Shared by
+// add_rmsnorm_vec_kernel and combine_add_rmsnorm_kernel, so both round alike.
+template <int NV>
+__device__ __forceinline__ void norm_row_tail(const AddNormArgs& a, int i, float4 (&v)[NV],
+                                              const float4 (&w)[NV], float* scratch) {
+  const int n4 = a.hidden >> 2;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  }
+  ss = block_reduce(ss, scratch, SumOp());
+  const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
+  float amax = 0.f;
+  const int64_t orow = (int64_t)i * a.hidden;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) {
+      float4 y;
+      y.x = w[k].x * (v[k].x * r);
+      y.y = w[k].y * (v[k].y * r);
+      y.z = w[k].z * (v[k].z * r);
+      y.w = w[k].w * (v[k].w * r);
+      v[k] = y;
+      if (a.out_f32) reinterpret_cast<float4*>(a.out_f32 + orow)[c] = y;
+      if (a.out_bf16) {
+        __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(a.out_bf16 + orow) + 2 * c;
+        b[0] = __floats2bfloat162_rn(y.x, y.y);
+        b[1] = __floats2bfloat162_rn(y.z, y.w);
+      }
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
+    }
+  }
+  if (!a.out_q) return;
+  amax = block_reduce(amax, scratch, MaxOp());
+  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  uint32_t* q4 = reinterpret_cast<uint32_t*>(a.out_q + orow);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) q4[c] = pack_e4m3x4(v[k].x, v[k].y, v[k].z, v[k].w, s);
+  }
+  if (tid == 0) a.out_scale[i] = s;
+}
+
 template <int NV>
 __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_vec_kernel(AddNormArgs a) {
   pdl_launch_dependents();
@@ -104,50 +154,98 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_vec_kernel(AddNormAr
       if (c < n4) w[k] = __ldg(w4 + c);
     }
   }
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int c = tid + k * nt;
-    if (c < n4) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
-  }
-  ss = block_reduce(ss, scratch, SumOp());
-  const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
-  float amax = 0.f;
-  const int64_t orow = (int64_t)i * a.hidden;
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int c = tid + k * nt;
-    if (c < n4) {
-      float4 y;
-      y.x = w[k].x * (v[k].x * r);
-      y.y = w[k].y * (v[k].y * r);
-      y.z = w[k].z * (v[k].z * r);
-      y.w = w[k].w * (v[k].w * r);
-      v[k] = y;
-      if (a.out_f32) reinterpret_cast<float4*>(a.out_f32 + orow)[c] = y;
-      if (a.out_bf16) {
-        __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(a.out_bf16 + orow) + 2 * c;
-        b[0] = __floats2bfloat162_rn(y.x, y.y);
-        b[1] = __floats2bfloat162_rn(y.z, y.w);
-      }
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
-    }
-  }
-  if (!a.out_q) return;
-  amax = block_reduce(amax, scratch, MaxOp());
-  const float s = fmaxf(amax / kFp8Max, kMinActScale);
-  uint32_t* q4 = reinterpret_cast<uint32_t*>(a.out_q + orow);
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int c = tid + k * nt;
-    if (c < n4) q4[c] = pack_e4m3x4(v[k].x, v[k].y, v[k].z, v[k].w, s);
-  }
-  if (tid == 0) a.out_scale[i] = s;
+  norm_row_tail<NV>(a, i, v, w, scratch);
 }
 
 template <int NV>
 static void launch_norm_vec(const AddNormArgs& a, int threads, cudaStream_t st) {
   add_rmsnorm_vec_kernel<NV><<<a.rows, threads, 0, st>>>(a);
+}
+
+// The end of a MoE layer and the next layer's input norm in one launch (one
+// GPU: no all-reduce between them). Per token row i: delta = sum over the
+// filled slots j, in slot order, of w[j] * y[inv[j]] (+ add, last), with the
+// FMAs of combine_kernel (moe.cu), so delta is bit-identical; then h += delta
+// and the row is normalised by norm_row_tail as add_rmsnorm does. delta is
+// not written. The warp's lanes load the token's slot list once and share it
+// by shuffles; each slot's NV float4 per thread are in flight together.
+struct CombineRows {
+  const float* y;
+  const int* inv;
+  const float* w;
+  const float* add;
+  int slots;
+};
+
+template <int NV>
+__global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(CombineRows cr, AddNormArgs a) {
+  pdl_launch_dependents();
+  const int i = blockIdx.x;
+  __shared__ float scratch[32];
+  const int n4 = a.hidden >> 2;
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31;
+  const int pl = lane < cr.slots ? __ldg(cr.inv + (int64_t)i * cr.slots + lane) : -1;
+  const float wl = lane < cr.slots ? __ldg(cr.w + (int64_t)i * cr.slots + lane) : 0.f;
+  float4* h4 = reinterpret_cast<float4*>(a.h + (int64_t)i * a.hidden);
+  const float4* w4 = reinterpret_cast<const float4*>(a.weight);
+  float4 v[NV], w[NV], acc[NV];
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (c < n4) {
+      v[k] = h4[c];
+      w[k] = __ldg(w4 + c);
+    }
+  }
+  unsigned filled = __ballot_sync(0xffffffffu, pl >= 0);
+  while (filled) {  // warp-uniform
+    const int j = __ffs(filled) - 1;
+    filled &= filled - 1;
+    const int p = __shfl_sync(0xffffffffu, pl, j);
+    const float wj = __shfl_sync(0xffffffffu, wl, j);
+    const float4* yr = reinterpret_cast<const float4*>(cr.y + (int64_t)p * a.hidden);
+    float4 y[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) y[k] = __ldg(yr + c);
+    }
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) {
+        acc[k].x += wj * y[k].x;
+        acc[k].y += wj * y[k].y;
+        acc[k].z += wj * y[k].z;
+        acc[k].w += wj * y[k].w;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int c = tid + k * nt;
+    if (c < n4) {
+      if (cr.add) {  // the shared expert's output, computed apart, last
+        const float4 e = __ldg(reinterpret_cast<const float4*>(cr.add + (int64_t)i * a.hidden) + c);
+        acc[k].x += e.x;
+        acc[k].y += e.y;
+        acc[k].z += e.z;
+        acc[k].w += e.w;
+      }
+      v[k].x = v[k].x + acc[k].x;
+      v[k].y = v[k].y + acc[k].y;
+      v[k].z = v[k].z + acc[k].z;
+      v[k].w = v[k].w + acc[k].w;
+      h4[c] = v[k];
+    }
+  }
+  norm_row_tail<NV>(a, i, v, w, scratch);
+}
+
+template <int NV>
+static void launch_combine_norm(const CombineRows& cr, const AddNormArgs& a, int threads, cudaStream_t st) {
+  combine_add_rmsnorm_kernel<NV><<<a.rows, threads, 0, st>>>(cr, a);
 }
 
 // One warp per head; lane l holds dims 4l..4l+3 (head_dim 128). A CTA takes one
@@ -250,6 +348,13 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
   }
 }
 
+// One float4 per thread up to 256 of them (whole warps), else 256 threads x NV.
+int norm_vec_per_thread(int hidden) { return (hidden / 4 + kNormThreads - 1) / kNormThreads; }
+int norm_vec_threads(int hidden) {
+  const int n4 = hidden / 4;
+  return norm_vec_per_thread(hidden) == 1 ? (n4 + 31) / 32 * 32 : kNormThreads;
+}
+
 }  // namespace
 
 cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
@@ -264,9 +369,8 @@ cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
     add_rmsnorm_kernel<<<a.rows, kNormThreads, 0, st>>>(a);
     return cudaGetLastError();
   }
-  // One float4 per thread up to 256 of them (whole warps), else 256 threads x NV.
-  const int nv = (n4 + kNormThreads - 1) / kNormThreads;
-  const int threads = nv == 1 ? (n4 + 31) / 32 * 32 : kNormThreads;
+  const int nv = norm_vec_per_thread(a.hidden);
+  const int threads = norm_vec_threads(a.hidden);
   switch (nv) {
     case 1: launch_norm_vec<1>(a, threads, st); break;
     case 2: launch_norm_vec<2>(a, threads, st); break;
@@ -276,6 +380,36 @@ cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
     case 6: launch_norm_vec<6>(a, threads, st); break;
     case 7: launch_norm_vec<7>(a, threads, st); break;
     default: launch_norm_vec<8>(a, threads, st); break;
+  }
+  return cudaGetLastError();
+}
+
+bool combine_add_rmsnorm_supported(int hidden, int slots) {
+  return hidden > 0 && hidden % 4 == 0 && hidden / 4 <= kNormThreads * kNormVecMax && slots > 0 &&
+         slots <= 32;
+}
+
+cudaError_t combine_add_rmsnorm(const float* y, const int* inv, const float* w, int slots,
+                                const float* add, const AddNormArgs& a, cudaStream_t st) {
+  if (a.rows <= 0) return cudaSuccess;
+  if (!combine_add_rmsnorm_supported(a.hidden, slots) || a.row_index || a.delta || !a.weight ||
+      (a.out_q && !a.out_scale))
+    return cudaErrorInvalidValue;
+  auto aligned = [](const void* p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; };
+  if (!aligned(a.h, 16) || !aligned(y, 16) || !aligned(add, 16) || !aligned(a.weight, 16) ||
+      !aligned(a.out_f32, 16) || !aligned(a.out_bf16, 8) || !aligned(a.out_q, 4))
+    return cudaErrorInvalidValue;
+  const CombineRows cr{y, inv, w, add, slots};
+  const int threads = norm_vec_threads(a.hidden);
+  switch (norm_vec_per_thread(a.hidden)) {
+    case 1: launch_combine_norm<1>(cr, a, threads, st); break;
+    case 2: launch_combine_norm<2>(cr, a, threads, st); break;
+    case 3: launch_combine_norm<3>(cr, a, threads, st); break;
+    case 4: launch_combine_norm<4>(cr, a, threads, st); break;
+    case 5: launch_combine_norm<5>(cr, a, threads, st); break;
+    case 6: launch_combine_norm<6>(cr, a, threads, st); break;
+    case 7: launch_combine_norm<7>(cr, a, threads, st); break;
+    default: launch_combine_norm<8>(cr, a, threads, st); break;
   }
   return cudaGetLastError();
 }

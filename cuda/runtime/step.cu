@@ -509,18 +509,15 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   return GLMRT_OK;
 }
 
-int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
-  const Dims& d = e.d;
-  const MetaLayout& ML = e.ml;
-  LayerDev& L = r.layers[l];
-  unsigned char* M = r.meta;
-  const int T = m.rows;
+// The input norm of layer l: h += delta (the previous sub-layer's output,
+// none before layer 0), x = RMSNorm(h) quantized to FP8 (FP32 when exact).
+glmk::AddNormArgs input_norm_args(const Engine& e, const Rank& r, int l, int T) {
   glmk::AddNormArgs n;
   n.h = r.h;
   n.delta = l > 0 ? r.delta : nullptr;
-  n.weight = L.in_norm;
+  n.weight = r.layers[l].in_norm;
   n.rows = T;
-  n.hidden = d.H;
+  n.hidden = e.d.H;
   n.eps = e.cfg.rms_norm_eps;
   if (e.exact) {
     n.out_f32 = r.xf;
@@ -528,8 +525,29 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     n.out_q = r.xq;
     n.out_scale = r.xs;
   }
-  KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: input add_rmsnorm", l);
-  PROF(GLMRT_PROF_NORM);
+  return n;
+}
+
+// Whether MoE layer l ends with combine_add_rmsnorm: its combine and layer
+// l+1's input norm in one kernel. One GPU only (with TP the all-reduce of the
+// combine's output sits between them), FP8 path only (the exact path keeps
+// the kernels the goldens were first checked with). Depends on the engine
+// alone, so mlp_block(l) and attention_block(l+1) agree.
+bool combine_feeds_norm(const Engine& e, int l) {
+  return !e.exact && e.tp == 1 && l + 1 < e.d.L && e.ranks[0].layers[l].moe &&
+         glmk::combine_add_rmsnorm_supported(e.d.H, e.d.slots);
+}
+
+int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
+  const Dims& d = e.d;
+  const MetaLayout& ML = e.ml;
+  LayerDev& L = r.layers[l];
+  unsigned char* M = r.meta;
+  const int T = m.rows;
+  if (l == 0 || !combine_feeds_norm(e, l - 1)) {
+    KCHECK(glmk::add_rmsnorm(input_norm_args(e, r, l, T), r.stream), "layer %d: input add_rmsnorm", l);
+    PROF(GLMRT_PROF_NORM);
+  }
   // Past the streaming kernel's rows, q|k|v (which has a bias) comes from
   // cuBLASLt unscaled and the rope kernel applies its epilogue (H200, 2k-token
   // prefill: the epilogue kernel took 16 us per layer, 3.4 us at batch 64).
@@ -821,9 +839,17 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   KCHECK(grouped_tc ? glmk::gemm_fp8_grouped_tc_tuned(dn, gtc, r.stream) : glmk::gemm_fp8_stream(dn, r.stream),
          "layer %d: expert down", l);
   PROF(GLMRT_PROF_EXPERT_DOWN);
-  KCHECK(glmk::moe_combine(r.ysort, r.inv, r.topk_w, T, d.slots, d.H, r.delta, r.stream,
-                           shared_dense ? r.sh_out : nullptr),
-         "layer %d: moe_combine", l);
+  if (combine_feeds_norm(e, l)) {
+    glmk::AddNormArgs next = input_norm_args(e, r, l + 1, T);
+    next.delta = nullptr;  // the combine's sum, in registers
+    KCHECK(glmk::combine_add_rmsnorm(r.ysort, r.inv, r.topk_w, d.slots, shared_dense ? r.sh_out : nullptr,
+                                     next, r.stream),
+           "layer %d: moe combine + layer %d input add_rmsnorm", l, l + 1);
+  } else {
+    KCHECK(glmk::moe_combine(r.ysort, r.inv, r.topk_w, T, d.slots, d.H, r.delta, r.stream,
+                             shared_dense ? r.sh_out : nullptr),
+           "layer %d: moe_combine", l);
+  }
   PROF(GLMRT_PROF_MOE_COMBINE);
   return GLMRT_OK;
 }

@@ -1392,6 +1392,87 @@ static void check_combine_prev() {
   }
 }
 
+// combine_add_rmsnorm against moe_combine then add_rmsnorm (the two kernels
+// it replaces at the end of a MoE layer): h, the FP8 rows and scales, the
+// FP32 / BF16 outputs bit for bit, with and without the shared expert's rows.
+static void check_combine_norm() {
+  for (int H : {5120, 4096, 132}) {
+    for (int slots : {1, 2, 9, 32}) {
+      for (int T : {1, 7, 64, 256}) {
+        for (int with_add : {0, 1}) {
+          const int R = T * slots;
+          std::vector<float> y((size_t)R * H), w((size_t)T * slots), h0((size_t)T * H), wn(H),
+              add((size_t)T * H);
+          for (auto& v : y) v = randn();
+          for (auto& v : h0) v = 4.f * randn();
+          for (auto& v : add) v = randn();
+          for (auto& v : w) v = randu(0.1f, 2.f);
+          for (auto& v : wn) v = randu(0.5f, 1.5f);
+          std::vector<int> inv(R);
+          std::iota(inv.begin(), inv.end(), 0);
+          std::shuffle(inv.begin(), inv.end(), rng);
+          for (int i = 0; i < R; ++i)
+            if (randi(0, 4) == 0) inv[i] = -1;  // non-local slots
+          if (T >= 7)
+            for (int j = 0; j < slots; ++j) inv[(size_t)3 * slots + j] = -1;  // a token with none
+          Dev<float> dy(y), dw(w), dwn(wn), dadd(add), h1(h0), h2(h0), delta((size_t)T * H);
+          Dev<float> f1((size_t)T * H), f2((size_t)T * H), s1(T), s2(T);
+          Dev<uint8_t> q1((size_t)T * H), q2((size_t)T * H);
+          Dev<__nv_bfloat16> b1((size_t)T * H), b2((size_t)T * H);
+          Dev<int> di(inv);
+          for (auto* d : {&f1, &f2, &s1, &s2}) d->poison();
+          const float* ap = with_add ? dadd.p : nullptr;
+          AddNormArgs a;
+          a.weight = dwn.p;
+          a.rows = T;
+          a.hidden = H;
+          a.eps = 1e-5f;
+          a.h = h1.p;
+          a.out_q = q1.p;
+          a.out_scale = s1.p;
+          a.out_f32 = f1.p;
+          a.out_bf16 = b1.p;
+          CK(combine_add_rmsnorm(dy.p, di.p, dw.p, slots, ap, a, 0));
+          CK(moe_combine(dy.p, di.p, dw.p, T, slots, H, delta.p, 0, ap));
+          a.h = h2.p;
+          a.delta = delta.p;
+          a.out_q = q2.p;
+          a.out_scale = s2.p;
+          a.out_f32 = f2.p;
+          a.out_bf16 = b2.p;
+          CK(add_rmsnorm(a, 0));
+          CK(cudaDeviceSynchronize());
+          size_t nan = 0;
+          for (float v : f1.down()) nan += std::isnan(v);
+          const size_t bad = count_diff(h1.down(), h2.down()) + count_diff(f1.down(), f2.down()) +
+                             count_diff(s1.down(), s2.down()) + count_diff(q1.down(), q2.down());
+          const auto bb1 = b1.down(), bb2 = b2.down();
+          size_t badb = 0;
+          for (size_t i = 0; i < bb1.size(); ++i) badb += fbits(__bfloat162float(bb1[i])) != fbits(__bfloat162float(bb2[i]));
+          report_exact("combine_add_rmsnorm vs combine + add_rmsnorm",
+                       fmt("H=%d slots=%d T=%d add=%d: differ %zu bf16 %zu unwritten %zu", H, slots, T, with_add,
+                           bad, badb, nan),
+                       bad + badb + nan);
+        }
+      }
+    }
+  }
+  {  // refused shapes and arguments
+    AddNormArgs a;
+    a.rows = 1;
+    a.hidden = 5120;
+    Dev<float> h(5120), wn(5120);
+    a.h = h.p;
+    a.weight = wn.p;
+    const bool refused = combine_add_rmsnorm(h.p, nullptr, h.p, 33, nullptr, a, 0) == cudaErrorInvalidValue &&
+                         !combine_add_rmsnorm_supported(5120, 33) && !combine_add_rmsnorm_supported(5122, 9) &&
+                         combine_add_rmsnorm_supported(5120, 9);
+    a.delta = h.p;
+    const bool refused_delta = combine_add_rmsnorm(h.p, nullptr, h.p, 9, nullptr, a, 0) == cudaErrorInvalidValue;
+    report_exact("combine_add_rmsnorm refusals", "slots 33, H 5122, a.delta set", (refused && refused_delta) ? 0 : 1);
+  }
+}
+
 static void check_embed_prev() {
   for (int H : {5120, 256, 130}) {
     const int V = 1000;
@@ -1492,6 +1573,30 @@ static void bench(cublasHandle_t cb) {
     const float tp = time_graph_us([&](cudaStream_t s) { prev::add_rmsnorm(a, s); });
     const float tn = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm(a, s)); });
     bench_row("add_rmsnorm H=5120 +delta -> fp8+f32", T, tp, tn);
+  }
+  {  // the end of a MoE layer: moe_combine + add_rmsnorm vs combine_add_rmsnorm (one routed slot + shared)
+    std::vector<int> inv((size_t)Tmax * S, -1);
+    std::vector<float> w((size_t)Tmax * S, 0.5f);
+    for (int t = 0; t < Tmax; ++t) inv[(size_t)t * S + t % S] = t, inv[(size_t)t * S + S - 1] = Tmax + t;
+    Dev<int> di(inv);
+    Dev<float> dw(w);
+    for (int T : Ts) {
+      AddNormArgs a;
+      a.h = h.p;
+      a.weight = wn.p;
+      a.rows = T;
+      a.hidden = H;
+      a.out_q = q.p;
+      a.out_scale = sc.p;
+      AddNormArgs b = a;
+      b.delta = outf.p;
+      const float tp = time_graph_us([&](cudaStream_t s) {
+        CK(moe_combine(big.p, di.p, dw.p, T, S, H, outf.p, s));
+        CK(add_rmsnorm(b, s));
+      });
+      const float tn = time_graph_us([&](cudaStream_t s) { CK(combine_add_rmsnorm(big.p, di.p, dw.p, S, nullptr, a, s)); });
+      bench_row("moe_combine+add_rmsnorm (prev) vs fused, H=5120 9 slots", T, tp, tn);
+    }
   }
   for (int T : Ts) {  // fp8 only (the attention input norm)
     AddNormArgs a;
@@ -1693,6 +1798,7 @@ int main(int argc, char** argv) {
     check_router_fused(cb);
     check_quant_prev();
     check_combine_prev();
+    check_combine_norm();
     check_embed_prev();
     check_align_prev();
     CK(cudaDeviceSynchronize());
