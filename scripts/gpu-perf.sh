@@ -25,7 +25,8 @@
 #            engine, timed from the command's start to its table
 #   ab       the decode step at context 2k, batch {1,4,16,64,128,256}, with each
 #            library of AB_LIBS ("name=path/libglmcuda.so ..."), alternated AB_REPS
-#            times (default 2) on this machine; a table of step ms per library last
+#            times (default 2) on this machine (and with AB_TTFT="2048 ..." the time
+#            to first token of those prompts); a table per library last
 #   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes); the
 #            grouped expert GEMM bench next to torch._scaled_mm (PREFILL_BENCH=0 skips
 #            both); time to first token of 2k, 8k and 32k prompts with a profile; an 8k
@@ -212,7 +213,31 @@ if want ab; then
         fail "bench ab $name $rep FAIL ($(tail -1 "$LOG/ab-$name-$rep.err"))"
     done
   done
+  # AB_TTFT="2048 8192": also the time to first token of those prompt lengths.
+  for n in ${AB_TTFT:-}; do
+    for rep in $(seq "${AB_REPS:-2}"); do
+      for nl in "${libs[@]}"; do
+        name=${nl%%=*}; lib=${nl#*=}
+        GLMCTL_CUDA_LIB="$PWD/${lib#$PWD/}" timeout "$T" "$G" bench "${SYN[@]}" --concurrency 1 --input-len "$n" \
+          --output-len 2 --requests 3 --warmup 1 --markdown >"$LOG/abttft-$n-$name-$rep.md" 2>"$LOG/abttft-$n-$name-$rep.err" ||
+          fail "bench ab ttft $n $name $rep FAIL ($(tail -1 "$LOG/abttft-$n-$name-$rep.err"))"
+      done
+    done
+  done
   {
+    for n in ${AB_TTFT:-}; do
+      printf '| TTFT ms p50, %s-token prompt |' "$n"
+      for nl in "${libs[@]}"; do
+        name=${nl%%=*}
+        v=$(for f in "$LOG"/abttft-"$n"-"$name"-*.md; do
+              awk -F'|' '/TTFT ms p50/ {for (i = 1; i <= NF; i++) if ($i ~ /TTFT/) c = i; next}
+                         c && $2+0 > 0 {split($c, a, "/"); gsub(/ /, "", a[1]); print a[1]; c = 0}' "$f"
+            done | paste -sd/)
+        printf ' %s |' "${v:--}"
+      done
+      echo
+    done
+    [[ -n ${AB_TTFT:-} ]] && echo
     printf '| batch |'; for nl in "${libs[@]}"; do printf ' %s ms |' "${nl%%=*}"; done; echo
     printf '|---:|'; for nl in "${libs[@]}"; do printf -- '---:|'; done; echo
     for b in 1 4 16 64 128 256; do

@@ -509,6 +509,34 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   return GLMRT_OK;
 }
 
+// Rows a routed expert typically gets at the step's launch shape (top_k of E,
+// uniform routing).
+int typical_rows_per_expert(const Engine& e, const Meta& m) {
+  return (m.policy_rows * e.d.K + e.d.E - 1) / e.d.E;
+}
+
+// Whether the routed experts run through the tensor-core grouped GEMM (many
+// rows per expert: prefill-sized steps); see mlp_block.
+bool experts_grouped_tc(const Engine& e, const Meta& m) {
+  return !e.exact && typical_rows_per_expert(e, m) > kGroupedTcMinRows &&
+         glmk::gemm_fp8_grouped_tc_supported(2 * e.d.MI, e.d.H) &&
+         glmk::gemm_fp8_grouped_tc_supported(e.d.H, e.d.MI);
+}
+
+// Whether the shared expert (GPU 0) runs apart as a dense MLP through the
+// linear path, its output added last by the combine. Up to kStreamMaxRows rows
+// it is the last group of the grouped streaming GEMM instead (router slot
+// top_k), and so it is again when the routed experts go through the grouped
+// tensor-core GEMM: a group of every token's row there, its m-tiles filling the
+// same launches (H200, 2k-token prefill: the dense MLP took 50 + 10 + 34 us per
+// layer in three more launches beside 110-140 + 11 + 80 us of routed experts).
+// In between (9 rows up to a few per expert) the streaming kernels, built for a
+// few rows per expert, would handle its every-token group badly.
+bool shared_dense_mlp(const Engine& e, const Meta& m) {
+  return e.ranks[0].shared_local >= 0 && !e.exact && m.policy_rows > kStreamMaxRows &&
+         !experts_grouped_tc(e, m);
+}
+
 // The input norm of layer l: h += delta (the previous sub-layer's output,
 // none before layer 0), x = RMSNorm(h) quantized to FP8 (FP32 when exact).
 glmk::AddNormArgs input_norm_args(const Engine& e, const Rank& r, int l, int T) {
@@ -715,7 +743,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // The shared expert sees every token: past kStreamMaxRows rows it is a dense
   // MLP for cuBLASLt (the grouped streaming kernel is built for a few rows per
   // expert), its output added last by moe_combine; its router slot stays empty.
-  const bool shared_dense = r.shared_local >= 0 && !e.exact && m.policy_rows > kStreamMaxRows;
+  const bool shared_dense = shared_dense_mlp(e, m);
   ra.shared_local = shared_dense ? -1 : r.shared_local;
   ra.slots = d.slots;
   ra.ids = r.topk_ids;
@@ -774,7 +802,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // 8 rows per step the 16-row tile is the floor: on an H200 (kernel_check
   // --bench, rank shapes, 2026-11-24) 8-row tiles ran gate|up at batch 64 in
   // 114 us against 94 for 16-row ones, and the legacy register kernel in 99.
-  const int typical = (m.policy_rows * d.K + d.E - 1) / d.E;
+  const int typical = typical_rows_per_expert(e, m);
   g.typical_rows_per_group = m.policy_rows > kStreamMaxRows ? std::max(typical, 9) : typical;
   g.Y = r.big;
   g.ldy = 2 * d.MI;
@@ -788,9 +816,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // 0.128, the streaming kernel in 0.776 / 0.408.
   glmk::GroupedTcTuning gtc;
   gtc.fp8_accum = 1;
-  const bool grouped_tc = !e.exact && typical > kGroupedTcMinRows &&
-                          glmk::gemm_fp8_grouped_tc_supported(g.N, g.K) &&
-                          glmk::gemm_fp8_grouped_tc_supported(d.H, d.MI);
+  const bool grouped_tc = experts_grouped_tc(e, m);
   if (grouped_tc) g.M = T * d.slots;  // bounds the tiles (the streaming form leaves M unset)
   // Past kStreamMaxRows rows (a few per expert) on sm_90: the TMA-fed
   // tensor-core streaming kernel, whose 16/32-row token tiles hold an
@@ -998,7 +1024,7 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
     }
     // Experts hit (counted on the GPU); the shared expert run as a dense MLP
     // is not among them.
-    const bool shared_dense = e.ranks[0].shared_local >= 0 && !e.exact && m.policy_rows > kStreamMaxRows;
+    const bool shared_dense = shared_dense_mlp(e, m);
     const int64_t groups = (active ? active[l] : 0) + (shared_dense ? 1 : 0);
     out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
     out[GLMRT_PROF_EXPERT_GATE_UP] += groups * 2 * (int64_t)d.MI * H + T * d.slots * (H + 2 * (int64_t)d.MI * 4);
