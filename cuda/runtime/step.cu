@@ -478,6 +478,29 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
            what, M, N, K);
     return GLMRT_OK;
   }
+  // Up to 16 rows on sm_90, a linear without a bias (o_proj, the shared
+  // expert, the dense MLP) streams through the tensor-core kernel, whose
+  // weight loads carry the L2 evict_first hint (cuBLASLt's cannot, so its
+  // ~40 MB per layer flushed what the small kernels keep in L2). In isolation
+  // on an H200 (stream_tc_check --bench, 2026-11-25) it also beat cuBLASLt at
+  // 16 rows on those shapes: 13.1 vs 16.1 us (3072 x 5120), 7.4 vs 8.2 (5120 x
+  // 1536); past 16 rows cuBLASLt is faster.
+  if (P <= 16 && !bias && r.stream_tc && glmk::gemm_fp8_stream_tc_supported(N, K)) {
+    glmk::StreamGemmArgs a;
+    a.W = W;
+    a.w_scale = ws;
+    a.X = X;
+    a.x_scale = xs;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.max_rows_per_group = P;
+    a.Y = Y;
+    a.ldy = N;
+    KCHECK(glmk::gemm_fp8_stream_tc(a, glmk::StreamTcWorkspace{}, glmk::StreamTcTuning{}, r.stream),
+           "layer %d %s: gemm_fp8_stream_tc M=%d N=%d K=%d", layer, what, M, N, K);
+    return GLMRT_OK;
+  }
   // cuBLASLt with the per-token and per-channel scales applied inside: no
   // second kernel. cuBLASLt 13.0 on an H200 has such FP8 algorithms without a
   // bias epilogue but none with one (kernel_check, 2026-11-24), so linears with
