@@ -425,6 +425,9 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
 
 // y[M, N] = fp8 linear of X (FP8 rows, scales xs) with W [N, K]; FP32 out.
 constexpr int kStreamMaxRows = 8;
+// Rows up to which a dense linear without a bias takes gemm_fp8_stream_tc
+// rather than cuBLASLt (see linear()).
+constexpr int kStreamTcDenseMaxRows = 32;
 // Rows an expert typically gets above which the routed experts run through the
 // tensor-core grouped GEMM (prefill) instead of the streaming kernel's row tiles.
 constexpr int kGroupedTcMinRows = 32;
@@ -454,7 +457,8 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
     return GLMRT_OK;
   }
   // The streaming kernel beats cuBLASLt only up to 8 rows (docs/perf.md); past
-  // that, cuBLASLt when its 16-byte alignment holds.
+  // that, the tensor-core streaming kernel (no bias, up to
+  // kStreamTcDenseMaxRows) or cuBLASLt, when their 16-byte alignment holds.
   if (P <= kStreamMaxRows || N % 16 != 0 || K % 16 != 0) {
     glmk::StreamGemmArgs a;
     a.W = W;
@@ -478,7 +482,7 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
            what, M, N, K);
     return GLMRT_OK;
   }
-  // Up to 32 rows on sm_90, a linear without a bias (o_proj, the shared
+  // Up to kStreamTcDenseMaxRows rows on sm_90, a linear without a bias (o_proj, the shared
   // expert, the dense MLP) streams through the tensor-core kernel, whose
   // weight loads carry the L2 evict_first hint (cuBLASLt's cannot, so its
   // ~40 MB per layer flushed what the small kernels keep in L2). In isolation
@@ -486,7 +490,7 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   // 16 rows on those shapes: 13.1 vs 16.1 us (3072 x 5120), 7.4 vs 8.2 (5120 x
   // 1536). In the step (H200, 2k context): batch 16 15.05 -> 14.15 ms, 24 17.1
   // -> 16.4, 32 18.4 -> 17.95; with the bound at 64, batch 64 got 3% slower.
-  if (P <= 32 && !bias && r.stream_tc && glmk::gemm_fp8_stream_tc_supported(N, K)) {
+  if (P <= kStreamTcDenseMaxRows && !bias && r.stream_tc && glmk::gemm_fp8_stream_tc_supported(N, K)) {
     glmk::StreamGemmArgs a;
     a.W = W;
     a.w_scale = ws;
