@@ -441,17 +441,20 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
            const uint8_t* X, const float* xs, const float* Xf, int M, int P, float* Y, int layer,
            const char* what, bool pdl = false, bool* epilogue_deferred = nullptr) {
   if (epilogue_deferred) *epilogue_deferred = false;
+  // What every streaming-kernel path below shares: the weights, the shape, the
+  // FP32 output.
+  glmk::StreamGemmArgs dense;
+  dense.W = W;
+  dense.w_scale = ws;
+  dense.M = M;
+  dense.N = N;
+  dense.K = K;
+  dense.Y = Y;
+  dense.ldy = N;
   if (Xf) {
-    glmk::StreamGemmArgs a;
-    a.W = W;
-    a.w_scale = ws;
+    glmk::StreamGemmArgs a = dense;
     a.bias = bias;
     a.Xf = Xf;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.Y = Y;
-    a.ldy = N;
     KCHECK(glmk::gemm_fp8_stream(a, r.stream), "layer %d %s: FP32-activation linear M=%d N=%d K=%d",
            layer, what, M, N, K);
     return GLMRT_OK;
@@ -460,19 +463,12 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   // that, the tensor-core streaming kernel (no bias, up to
   // kStreamTcDenseMaxRows) or cuBLASLt, when their 16-byte alignment holds.
   if (P <= kStreamMaxRows || N % 16 != 0 || K % 16 != 0) {
-    glmk::StreamGemmArgs a;
-    a.W = W;
-    a.w_scale = ws;
+    glmk::StreamGemmArgs a = dense;
     a.bias = bias;
     a.X = X;
     a.x_scale = xs;
-    a.M = M;
-    a.N = N;
-    a.K = K;
     a.max_rows_per_group = std::min(P, 64);
     a.ksplit = P <= 64 ? glmk::gemm_fp8_stream_splits(P, N, K, r.num_sms) : 1;
-    a.Y = Y;
-    a.ldy = N;
     a.ws = r.split_ws;
     // Programmatic dependent launch: the weights start streaming while the
     // kernel before (which triggers its dependents early) finishes. Not under
@@ -491,17 +487,10 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   // 1536). In the step (H200, 2k context): batch 16 15.05 -> 14.15 ms, 24 17.1
   // -> 16.4, 32 18.4 -> 17.95; with the bound at 64, batch 64 got 3% slower.
   if (P <= kStreamTcDenseMaxRows && !bias && r.stream_tc && glmk::gemm_fp8_stream_tc_supported(N, K)) {
-    glmk::StreamGemmArgs a;
-    a.W = W;
-    a.w_scale = ws;
+    glmk::StreamGemmArgs a = dense;
     a.X = X;
     a.x_scale = xs;
-    a.M = M;
-    a.N = N;
-    a.K = K;
     a.max_rows_per_group = P;
-    a.Y = Y;
-    a.ldy = N;
     KCHECK(glmk::gemm_fp8_stream_tc(a, glmk::StreamTcWorkspace{}, glmk::StreamTcTuning{}, r.stream),
            "layer %d %s: gemm_fp8_stream_tc M=%d N=%d K=%d", layer, what, M, N, K);
     return GLMRT_OK;
