@@ -1,6 +1,8 @@
 // norm_rope.cu — RMSNorm with fused residual add (and optional FP8 output), and
 // the attention prologue: q/k per-head RMSNorm + partial NeoX RoPE + paged KV
 // write in one pass (docs/model.md §3.2, §3.4).
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace glmk {
@@ -157,9 +159,20 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_vec_kernel(AddNormAr
   norm_row_tail<NV>(a, i, v, w, scratch);
 }
 
-template <int NV>
-static void launch_norm_vec(const AddNormArgs& a, int threads, cudaStream_t st) {
-  add_rmsnorm_vec_kernel<NV><<<a.rows, threads, 0, st>>>(a);
+// Calls launch(std::integral_constant<int, NV>) for NV = nv, 1..7, and 8
+// beyond: the register-row kernels are instantiated per NV.
+template <typename F>
+void with_norm_vec(int nv, F&& launch) {
+  switch (nv) {
+    case 1: launch(std::integral_constant<int, 1>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    case 3: launch(std::integral_constant<int, 3>{}); break;
+    case 4: launch(std::integral_constant<int, 4>{}); break;
+    case 5: launch(std::integral_constant<int, 5>{}); break;
+    case 6: launch(std::integral_constant<int, 6>{}); break;
+    case 7: launch(std::integral_constant<int, 7>{}); break;
+    default: launch(std::integral_constant<int, 8>{}); break;
+  }
 }
 
 // The end of a MoE layer and the next layer's input norm in one launch (one
@@ -241,11 +254,6 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(Combi
     }
   }
   norm_row_tail<NV>(a, i, v, w, scratch);
-}
-
-template <int NV>
-static void launch_combine_norm(const CombineRows& cr, const AddNormArgs& a, int threads, cudaStream_t st) {
-  combine_add_rmsnorm_kernel<NV><<<a.rows, threads, 0, st>>>(cr, a);
 }
 
 // One warp per head; lane l holds dims 4l..4l+3 (head_dim 128). A CTA takes one
@@ -371,16 +379,7 @@ cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
   }
   const int nv = norm_vec_per_thread(a.hidden);
   const int threads = norm_vec_threads(a.hidden);
-  switch (nv) {
-    case 1: launch_norm_vec<1>(a, threads, st); break;
-    case 2: launch_norm_vec<2>(a, threads, st); break;
-    case 3: launch_norm_vec<3>(a, threads, st); break;
-    case 4: launch_norm_vec<4>(a, threads, st); break;
-    case 5: launch_norm_vec<5>(a, threads, st); break;
-    case 6: launch_norm_vec<6>(a, threads, st); break;
-    case 7: launch_norm_vec<7>(a, threads, st); break;
-    default: launch_norm_vec<8>(a, threads, st); break;
-  }
+  with_norm_vec(nv, [&](auto NV) { add_rmsnorm_vec_kernel<decltype(NV)::value><<<a.rows, threads, 0, st>>>(a); });
   return cudaGetLastError();
 }
 
@@ -401,16 +400,9 @@ cudaError_t combine_add_rmsnorm(const float* y, const int* inv, const float* w, 
     return cudaErrorInvalidValue;
   const CombineRows cr{y, inv, w, add, slots};
   const int threads = norm_vec_threads(a.hidden);
-  switch (norm_vec_per_thread(a.hidden)) {
-    case 1: launch_combine_norm<1>(cr, a, threads, st); break;
-    case 2: launch_combine_norm<2>(cr, a, threads, st); break;
-    case 3: launch_combine_norm<3>(cr, a, threads, st); break;
-    case 4: launch_combine_norm<4>(cr, a, threads, st); break;
-    case 5: launch_combine_norm<5>(cr, a, threads, st); break;
-    case 6: launch_combine_norm<6>(cr, a, threads, st); break;
-    case 7: launch_combine_norm<7>(cr, a, threads, st); break;
-    default: launch_combine_norm<8>(cr, a, threads, st); break;
-  }
+  with_norm_vec(norm_vec_per_thread(a.hidden), [&](auto NV) {
+    combine_add_rmsnorm_kernel<decltype(NV)::value><<<a.rows, threads, 0, st>>>(cr, a);
+  });
   return cudaGetLastError();
 }
 
