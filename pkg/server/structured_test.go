@@ -421,7 +421,12 @@ func TestAnthropicStructured(t *testing.T) {
 				t.Errorf("tool_choice %v: %s(%s): %v", choice, b.Name, b.Input, err)
 			}
 		}
-		if uses == 0 || resp.StopReason != "tool_use" {
+		// "any" is one or more calls: an untrained model sampling at
+		// temperature 1 may chain calls until max_tokens (seen: 8 complete,
+		// valid calls, then the limit). The named tool is exactly one call,
+		// so it always ends with tool_use.
+		stopOK := resp.StopReason == "tool_use" || (choice["type"] == "any" && resp.StopReason == "max_tokens")
+		if uses == 0 || !stopOK {
 			t.Errorf("tool_choice %v: %d tool_use blocks, stop %q: %s", choice, uses, resp.StopReason, body)
 		}
 	}
