@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 6
+#define GLMRT_ABI_VERSION 7
 
 /* Status codes. */
 #define GLMRT_OK 0
@@ -101,7 +101,13 @@ typedef struct glmrt_engine_options {
   int32_t disable_graphs;      /* 0: steps whose sequences all decode one token are captured
                                   once per batch-size bucket as CUDA graphs and replayed;
                                   1: every kernel is launched every step */
-  int32_t reserved[4];         /* must be zero */
+  int32_t draft_tokens;        /* 0: no speculative decoding. 1: load the checkpoint's MTP layer
+                                  (num_nextn_predict_layers 1) as the draft model: a sequence may
+                                  verify one draft and propose one per step (docs/speculative.md;
+                                  chained drafts, > 1, are not supported yet). Needs
+                                  tensor_parallel 1, a MoE model and the real path
+                                  (exact_activations and fp32_cache_and_head 0) */
+  int32_t reserved[3];         /* must be zero */
 } glmrt_engine_options;
 
 /* What the engine became (glmrt_get_info). */
@@ -116,6 +122,7 @@ typedef struct glmrt_info {
   int32_t max_top_logprobs;    /* GLMRT_MAX_TOP_LOGPROBS */
   int32_t max_penalty_entries;
   int32_t vocab_size;
+  int32_t max_draft_tokens;    /* options.draft_tokens: 0 when no draft model is loaded */
   int64_t weight_bytes;        /* device bytes per GPU (GPU 0) */
   int64_t kv_bytes;
   int64_t workspace_bytes;
@@ -155,6 +162,19 @@ typedef struct glmrt_seq {
   int32_t mask_index;         /* -1: every token allowed; else the row of glmrt_batch.token_masks
                                  that limits this sample (sample == 1 only) */
   glmrt_sampling sampling;    /* read only when sample == 1 */
+  /* Speculative decoding (engine option draft_tokens > 0; docs/speculative.md).
+   * None of these goes with want_logits or a token mask. */
+  int32_t n_drafts;           /* the last n_drafts new tokens are drafts to verify (sample == 1,
+                                 < n_tokens, <= draft_tokens): the target samples after each of
+                                 the last n_drafts+1 positions (sample_index + j for the j-th),
+                                 accepts drafts while the rule accepts them, and returns them in
+                                 glmrt_result.accepted, then tokens[s] */
+  int32_t draft;              /* 1: run the MTP layer over this step's positions (its KV cache
+                                 follows the sequence) */
+  int32_t next_token;         /* draft == 1 and sample == 0: the token after the last new token
+                                 (the MTP input at that position), or -1 if unknown */
+  int32_t propose;            /* draft == 1 and sample == 1: draft tokens to propose after the
+                                 sampled token (0 .. draft_tokens), in glmrt_result.drafts */
 } glmrt_seq;
 
 /* The flat description of one step (docs/architecture.md, step contract). */
@@ -198,6 +218,16 @@ typedef struct glmrt_result {
                               sampled (then tokens[s] = -1, logprobs[s] = NaN and the step still
                               succeeds for the others); with NULL such a sequence fails the whole
                               step with GLMRT_ERR_INVALID. Set for every seq (OK where sample == 0). */
+  /* Speculative decoding; all NULL / 0 allowed when no seq has n_drafts or propose. */
+  int32_t draft_stride;          /* >= every n_drafts and propose of the batch */
+  int32_t* n_accepted;           /* [n_seqs]: drafts accepted (0 where n_drafts == 0) */
+  int32_t* accepted;             /* [n_seqs * draft_stride]: the accepted drafts, in order */
+  float* accepted_logprobs;      /* [n_seqs * draft_stride]: their logprobs (raw logits) */
+  int32_t* accepted_top_ids;     /* [n_seqs * draft_stride * top_stride]: their top alternatives;
+                                    NULL allowed if no verifying seq asks for any */
+  float* accepted_top_logprobs;  /* same shape */
+  int32_t* drafts;               /* [n_seqs * draft_stride]: the proposals after tokens[s]
+                                    (propose of them, -1 after) */
 } glmrt_result;
 
 /* glmrt_result.sample_status values. */
@@ -229,8 +259,9 @@ int glmrt_get_info(const glmrt_engine* engine, glmrt_info* out);
  * bytes of little-endian elements (an mmap of the shard is fine); they are
  * copied (and fused / sharded / converted) before the call returns. Unknown
  * names, wrong dtypes, wrong shapes and duplicates are errors naming the
- * tensor. MTP tensors (layer index num_hidden_layers) are checked and skipped:
- * v1 has no speculative decoding. */
+ * tensor. MTP tensors (layer index num_hidden_layers) are checked and skipped
+ * unless options.draft_tokens > 0, which loads them (all but the layer's own
+ * embed_tokens and shared_head.head copies: the main ones serve). */
 int glmrt_load_tensor(glmrt_engine* engine, const char* name, int32_t dtype, const int64_t* shape,
                       int32_t ndim, const void* data, uint64_t nbytes);
 
@@ -270,7 +301,8 @@ void glmrt_engine_destroy(glmrt_engine* engine);
  * `glmctl synth` writes to a checkpoint for the same config and seed, so a
  * synthesized engine and one loaded from that checkpoint compute the same
  * thing. Replaces the glmrt_load_tensor calls: call it once, before any of
- * them, then glmrt_finalize. MTP tensors are not generated (never used).
+ * them, then glmrt_finalize. MTP tensors are generated only when
+ * options.draft_tokens > 0 (by the same rules, keyed by their names).
  * The KV cache is also filled with random finite values, so a decode step at
  * any position can be timed without a prefill first. */
 int glmrt_synthesize(glmrt_engine* engine, uint64_t seed);

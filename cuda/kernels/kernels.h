@@ -604,7 +604,14 @@ struct SampleRow {
   int sort_segment;         // index of this row's segment in the sort (top-k/top-p rows), else -1
   int skip;                 // 1: row has logits but is not sampled (token -1, status 0)
   int mask_row = -1;        // row of SampleArgs.masks limiting the draw, else -1
-  int pad = 0;
+  // A draft token to verify at this row (speculative decoding), else -1.
+  // Sampling rows (temperature > 0) then decide it by the rule of
+  // pkg/sample/verify.go: with p the distribution the row draws from, the
+  // draft is the row's token when AcceptUniform(seed, sample_index) <
+  // p[draft]; otherwise the token is drawn from p without the draft,
+  // renormalised, with Uniform(seed, sample_index). Greedy rows ignore it (the
+  // caller compares the argmax with the draft).
+  int draft = -1;
 };
 // status: 0 ok, 1 a logit is NaN or +Inf, 2 every logit is -Inf,
 // 3 every logit is -Inf after penalties, 4 no token left to sample,
@@ -646,5 +653,31 @@ struct SampleArgs {
 };
 size_t sample_workspace_bytes(int rows, int V);
 cudaError_t sample_rows(const SampleArgs& a, cudaStream_t st);
+
+// ----------------------------------------------------------- speculative.cu
+// Speculative decoding with the MTP layer (docs/speculative.md).
+//
+// One sequence that samples and runs the draft model in a step: its logits
+// rows logit_row0 .. logit_row0 + n_drafts (sampled into SampleOut), the
+// token row of its first verify position tok_row0 (its drafts are the tokens
+// at rows tok_row0 + 1 .. tok_row0 + n_drafts).
+struct SpecSeq {
+  int logit_row0, n_drafts, tok_row0, pad;
+};
+// Per SpecSeq i: a = the accepted drafts (the longest prefix whose sampled
+// token equals the draft, a row with a non-zero status ending it), the
+// row's token y after them; mtp_next[tok_row0 + a] = y (0 if that row could
+// not be sampled) and mtp_rows[i] = tok_row0 + a: the MTP input at the last
+// valid position and the row its draft is read from.
+cudaError_t spec_accept(const SampleOut* out, const SpecSeq* seqs, int n, const int* tokens,
+                        int* mtp_next, int* mtp_rows, cudaStream_t st);
+// The MTP layer's input rows: out[r, 0:H] = bf16(enorm * RMSNorm(embed[next[r]]))
+// and out[r, H:2H] = bf16(hnorm * RMSNorm(hid[r])) (FP32 statistics), the
+// concatenation eh_proj reads. next[r] outside [0, V) reads token 0.
+cudaError_t mtp_input(const __nv_bfloat16* embed, int V, const int* next, const float* hid,
+                      const float* enorm, const float* hnorm, int rows, int H, float eps,
+                      __nv_bfloat16* out, cudaStream_t st);
+// out[r] = argmax of x[r, 0:V) (ties: lowest id; NaN never wins; 0 if none).
+cudaError_t argmax_rows(const float* x, int64_t ld, int rows, int V, int* out, cudaStream_t st);
 
 }  // namespace glmk

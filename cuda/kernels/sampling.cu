@@ -11,6 +11,8 @@ namespace {
 
 constexpr int kThreads = 1024;
 constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+// pkg/sample.AcceptUniform: Uniform with the seed XORed by this constant.
+constexpr uint64_t kAcceptKeyXor = 0x5851F42D4C957F2Dull;
 
 __device__ __forceinline__ uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -334,6 +336,30 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(SampleArgs a, Workspace 
   if (!(tot > 0.0) || isinf(tot)) {
     if (threadIdx.x == 0) a.out[row].status = 4;
     return;
+  }
+  if (p.draft >= 0 && p.draft < V) {
+    // Speculative verification (pkg/sample/verify.go): accept the draft with
+    // probability p[draft], else draw from p without it. The residual's mass
+    // is summed again, not taken as tot - w[draft] (cancellation when the
+    // draft held almost all of it).
+    const double pd = w[p.draft] / tot;
+    if (uniform01(p.seed ^ kAcceptKeyXor, p.sample_index) < pd) {
+      if (threadIdx.x == 0) {
+        a.out[row].token = p.draft;
+        a.out[row].logprob = (float)((double)a.logits[(int64_t)row * a.ld + p.draft] - ws.lse[row]);
+      }
+      return;
+    }
+    __syncthreads();  // every thread has read w[draft]
+    if (threadIdx.x == 0) w[p.draft] = 0.0;
+    __syncthreads();
+    tot = 0.0;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) tot += w[i];
+    tot = bsum(tot, shd);
+    if (!(tot > 0.0) || isinf(tot)) {
+      if (threadIdx.x == 0) a.out[row].status = 4;
+      return;
+    }
   }
   const double target = uniform01(p.seed, p.sample_index) * tot;
   double carry = 0.0;

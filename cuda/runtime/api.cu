@@ -121,6 +121,7 @@ int glmrt_get_info(const glmrt_engine* engine, glmrt_info* out) {
     out->max_top_logprobs = GLMRT_MAX_TOP_LOGPROBS;
     out->max_penalty_entries = e.max_pen;
     out->vocab_size = e.cfg.vocab_size;
+    out->max_draft_tokens = e.draft_k;
     out->weight_bytes = e.ranks[0].weight_bytes;
     out->kv_bytes = e.ranks[0].kv_bytes;
     out->workspace_bytes = e.ranks[0].workspace_bytes;

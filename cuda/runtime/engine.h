@@ -43,6 +43,7 @@ enum class Role {
   DGateW, DGateS, DUpW, DUpS, DDownW, DDownS,
   RouterW, RouterB,
   EGateW, EGateS, EUpW, EUpS, EDownW, EDownS,  // expert = index, or E for the shared expert
+  MtpENorm, MtpHNorm, MtpEhProj, MtpHeadNorm,  // the MTP layer's own (draft_tokens > 0)
   MtpSkip,                                     // MTP layer: shape-checked, not uploaded
 };
 enum DClass { kFp8, kScale, kHigh };  // F8_E4M3 | F32/BF16 scale | F32/BF16 values
@@ -96,6 +97,11 @@ struct Rank {
   float* lm_head_f32 = nullptr;      // [V_l, H] (fp32_cache_and_head)
   float* final_norm = nullptr;
   float* inv_freq = nullptr;
+  // The MTP layer (draft_tokens > 0): its decoder layer is layers[L]; these
+  // are its input norms, the [embedding ; hidden] projection and the norm
+  // before the shared lm_head.
+  float *mtp_enorm = nullptr, *mtp_hnorm = nullptr, *mtp_head_norm = nullptr;
+  __nv_bfloat16* mtp_eh_proj = nullptr;  // [H, 2H]
 
   // workspaces (sized for max tokens / seqs at create)
   float *h = nullptr, *delta = nullptr, *xf = nullptr;
@@ -132,6 +138,10 @@ struct Rank {
   glmk::SampleOut* sample_out = nullptr;
   int* top_ids = nullptr;
   float* top_lp = nullptr;
+  // The draft pass (draft_tokens > 0).
+  float* mtp_hid = nullptr;              // [T, H] the target's final-normed rows (h_i)
+  __nv_bfloat16* mtp_cat = nullptr;      // [T, 2H] [enorm(embed(next)) ; hnorm(h_i)]
+  int* mtp_draft = nullptr;              // [max_seqs] the proposals
 };
 
 struct Dims {  // derived per-rank sizes
@@ -148,7 +158,8 @@ struct Dims {  // derived per-rank sizes
 struct MetaLayout {
   size_t tokens, positions, slots;      // [max_tokens]
   size_t dec_qrow, dec_ctx, dec_bt;     // [max_seqs] decode sequences: query row, keys, table offset
-  size_t bt_off, logit_rows;            // [max_seqs]
+  size_t bt_off;                        // [max_seqs]
+  size_t logit_rows;                    // [max_logit_rows]
   size_t n_valid;                       // [1] real rows of a padded (graph) step
   size_t bt;                            // [max_seqs * max_blocks_per_seq]
   size_t b_begin;                       // region B starts here
@@ -187,6 +198,13 @@ struct Engine {
   Dims d{};
   int tp = 1, block_size = 16, num_blocks = 0, max_tokens = 0, max_seqs = 0, max_blocks_per_seq = 0;
   int max_pen = 0, max_items = 0, max_merges = 0, max_parts = 0, sample_chunk = 0;
+  // Speculative decoding: draft_k = options.draft_tokens (the MTP layer is
+  // loaded, as layers[L], when > 0). A sequence verifying drafts has a logits
+  // row per verify position, so logits, sampling rows and their results are
+  // sized for max_logit_rows = max_seqs * (1 + draft_k); pen_cap is the
+  // penalty entries those rows may need (each row its own history).
+  int draft_k = 0, max_logit_rows = 0;
+  int64_t pen_cap = 0;
   // Prefill tokens (several new tokens of a sequence) go through attention_prefill
   // (tensor cores, BF16 cache) when prefill_tc, else attention_paged (the FP32
   // validation paths). pf_max_items / pf_max_parts: its plan's capacities.
@@ -213,6 +231,10 @@ struct Engine {
   std::vector<glmk::AttnItem> attn_items;
   std::vector<glmk::AttnMerge> attn_merges;
   std::vector<int> logits_seq;  // seq index of each logits row
+  std::vector<int> logits_vrow; // its verify index j (0 .. n_drafts; 0 for a plain row)
+  std::vector<int> seq_logit_row0;  // [n_seqs] first logits row of each sequence, -1 if none
+  std::vector<glmk::SpecSeq> spec_seqs;  // sequences the draft pass proposes for (sample && draft)
+  std::vector<int> spec_seq_index;       // their batch index
   MetaLayout ml{};
   size_t dec_ws_bytes = 0, router_ws_bytes = 0;
   bool graphs = false;          // capture pure-decode steps (options.disable_graphs == 0, TP1)

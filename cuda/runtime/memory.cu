@@ -77,7 +77,7 @@ int check_config(Engine& e) {
   REQ(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 1,
       "config: num_nextn_predict_layers %d must be 0 or 1", c.num_nextn_predict_layers);
 
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 3; ++i)
     REQ(o.reserved[i] == 0, "options: reserved[%d] must be zero", i);
   REQ(o.disable_graphs == 0 || o.disable_graphs == 1, "options: disable_graphs %d must be 0 or 1",
       o.disable_graphs);
@@ -116,6 +116,22 @@ int check_config(Engine& e) {
       e.max_tokens);
   REQ(o.max_penalty_entries >= 0, "options: max_penalty_entries must be >= 0");
   e.max_pen = o.max_penalty_entries == 0 ? e.max_seqs * 4096 : o.max_penalty_entries;
+  REQ(o.draft_tokens == 0 || o.draft_tokens == 1,
+      "options: draft_tokens %d: this runtime drafts 0 or 1 token per step", o.draft_tokens);
+  e.draft_k = o.draft_tokens;
+  if (e.draft_k > 0) {
+    REQ(c.num_nextn_predict_layers == 1,
+        "options: draft_tokens %d needs the checkpoint's MTP layer, but num_nextn_predict_layers is %d",
+        e.draft_k, c.num_nextn_predict_layers);
+    REQ(any_moe, "options: draft_tokens needs a MoE model (the MTP layer is a MoE decoder layer)");
+    REQ(e.tp == 1, "options: draft_tokens with tensor_parallel %d: the draft model runs on one GPU only",
+        e.tp);
+    REQ(!e.exact && !e.f32kv,
+        "options: draft_tokens needs the real path (exact_activations and fp32_cache_and_head 0)");
+  }
+  e.max_logit_rows = e.max_seqs * (1 + e.draft_k);
+  // Verify row j of a sequence holds its history plus its first j drafts.
+  e.pen_cap = (int64_t)e.max_pen * (1 + e.draft_k) + (int64_t)e.max_seqs * e.draft_k * (e.draft_k + 1) / 2;
 #undef REQ
 
   Dims& d = e.d;
@@ -183,8 +199,9 @@ int alloc_weights(Engine& e, Rank& r) {
   const Dims& d = e.d;
   const glmrt_model_config& c = e.cfg;
   Alloc A{r, &r.weight_bytes};
-  r.layers.resize(d.L);
-  for (int l = 0; l < d.L; ++l) {
+  const int n_layers = d.L + (e.draft_k > 0 ? 1 : 0);  // the MTP layer is layers[L]
+  r.layers.resize(n_layers);
+  for (int l = 0; l < n_layers; ++l) {
     LayerDev& L = r.layers[l];
     L.moe = l >= d.first_dense;
     GLMRT_TRY(A(&L.in_norm, d.H, "input_layernorm"));
@@ -218,6 +235,12 @@ int alloc_weights(Engine& e, Rank& r) {
   else
     GLMRT_TRY(A(&r.lm_head, (size_t)d.V_l * d.H, "lm_head"));
   GLMRT_TRY(A(&r.final_norm, d.H, "model.norm"));
+  if (e.draft_k > 0) {
+    GLMRT_TRY(A(&r.mtp_enorm, d.H, "MTP enorm"));
+    GLMRT_TRY(A(&r.mtp_hnorm, d.H, "MTP hnorm"));
+    GLMRT_TRY(A(&r.mtp_head_norm, d.H, "MTP shared_head.norm"));
+    GLMRT_TRY(A(&r.mtp_eh_proj, (size_t)d.H * 2 * d.H, "MTP eh_proj"));
+  }
   GLMRT_TRY(A(&r.inv_freq, d.rot / 2, "RoPE inverse frequencies"));
   // inv_freq exactly as HF computes it in FP32: 1 / theta^(float(2i) / float(rot)).
   std::vector<float> inv(d.rot / 2);
@@ -233,7 +256,7 @@ int alloc_weights(Engine& e, Rank& r) {
 int alloc_workspaces(Engine& e, Rank& r) {
   const Dims& d = e.d;
   Alloc A{r, &r.workspace_bytes};
-  const size_t T = e.max_tokens, S = e.max_seqs;
+  const size_t T = e.max_tokens, S = e.max_seqs, LR = e.max_logit_rows;
   const size_t rows_moe = T * std::max(d.slots, 1);
   const size_t max_k = std::max<size_t>(d.H, (size_t)d.nq_l * d.D);
   const size_t max_n = std::max({(size_t)d.qkv_rows, (size_t)d.H, (size_t)2 * d.I_l});
@@ -265,22 +288,27 @@ int alloc_workspaces(Engine& e, Rank& r) {
   GLMRT_TRY(A(&r.part_o, (size_t)e.max_parts * d.nq_l * d.D, "attention partials"));
   GLMRT_TRY(A(&r.part_ml, (size_t)e.max_parts * d.nq_l * 2, "attention partial stats"));
   if (e.f32kv)
-    GLMRT_TRY(A(&r.final_f32, S * d.H, "final normed rows (FP32)"));
+    GLMRT_TRY(A(&r.final_f32, LR * d.H, "final normed rows (FP32)"));
   else
-    GLMRT_TRY(A(&r.final_bf16, S * d.H, "final normed rows"));
-  GLMRT_TRY(A(&r.logits_local, S * d.V_l, "logits (local vocabulary)"));
-  if (e.tp > 1) GLMRT_TRY(A(&r.logits_gather, (size_t)e.tp * S * d.V_l, "logits all-gather"));
+    GLMRT_TRY(A(&r.final_bf16, LR * d.H, "final normed rows"));
+  GLMRT_TRY(A(&r.logits_local, LR * d.V_l, "logits (local vocabulary)"));
+  if (e.tp > 1) GLMRT_TRY(A(&r.logits_gather, (size_t)e.tp * LR * d.V_l, "logits all-gather"));
   if (r.index == 0) {
     r.logits = e.tp > 1 ? nullptr : r.logits_local;
-    if (e.tp > 1) GLMRT_TRY(A(&r.logits, S * d.V, "logits"));
+    if (e.tp > 1) GLMRT_TRY(A(&r.logits, LR * d.V, "logits"));
     r.sample_ws_bytes = glmk::sample_workspace_bytes(e.sample_chunk, d.V);
     GLMRT_TRY(A((unsigned char**)&r.sample_ws, r.sample_ws_bytes, "sampler workspace"));
-    GLMRT_TRY(A(&r.sample_out, S, "sample results"));
-    GLMRT_TRY(A(&r.top_ids, S * glmk::kMaxTop, "top logprob ids"));
-    GLMRT_TRY(A(&r.top_lp, S * glmk::kMaxTop, "top logprobs"));
+    GLMRT_TRY(A(&r.sample_out, LR, "sample results"));
+    GLMRT_TRY(A(&r.top_ids, LR * glmk::kMaxTop, "top logprob ids"));
+    GLMRT_TRY(A(&r.top_lp, LR * glmk::kMaxTop, "top logprobs"));
+  }
+  if (e.draft_k > 0) {
+    GLMRT_TRY(A(&r.mtp_hid, T * d.H, "MTP hidden inputs"));
+    GLMRT_TRY(A(&r.mtp_cat, T * 2 * d.H, "MTP projection inputs"));
+    GLMRT_TRY(A(&r.mtp_draft, S, "MTP proposals"));
   }
   GLMRT_TRY(A(&r.meta, e.meta_bytes, "step metadata"));
-  if (r.index == 0 && d.E > 0) GLMRT_TRY(A(&r.prof_active, (size_t)d.L, "profile expert counts"));
+  if (r.index == 0 && d.E > 0) GLMRT_TRY(A(&r.prof_active, (size_t)d.L + 1, "profile expert counts"));
   if (r.shared_local >= 0) {
     GLMRT_TRY(A(&r.sh_big, T * 2 * d.MI, "shared expert gate|up outputs"));
     GLMRT_TRY(A(&r.sh_hq, T * d.MI, "shared expert FP8 SiLU*up"));
@@ -290,7 +318,7 @@ int alloc_workspaces(Engine& e, Rank& r) {
   // attention_decode: the most workspace any batch size needs (its split count
   // falls as the batch grows).
   if (e.dec_ws_bytes == 0) {
-    for (int n = 1; n <= e.max_seqs; ++n) {
+    for (int n = 1; n <= e.max_logit_rows; ++n) {  // decode entries: sequences, or verify rows
       const int sp = glmk::decode_attention_splits(n, d.nkv_l, r.num_sms);
       e.dec_ws_bytes = std::max(e.dec_ws_bytes,
                                 glmk::decode_attention_workspace_bytes(n, d.nq_l, d.nkv_l, sp));
@@ -364,8 +392,8 @@ int create_engine(Engine& e) {
     return fail(GLMRT_ERR_INVALID, "options: devices %d..%d requested but %d CUDA device(s) visible",
                 e.opt.device, e.opt.device + e.tp - 1, ndev);
   plan_meta_layout(e);
-  e.result_bytes = al(e.max_seqs * sizeof(glmk::SampleOut)) +
-                   al((size_t)e.max_seqs * glmk::kMaxTop * 4) * 2;
+  e.result_bytes = al(e.max_logit_rows * sizeof(glmk::SampleOut)) +
+                   al((size_t)e.max_logit_rows * glmk::kMaxTop * 4) * 2 + al((size_t)e.max_seqs * 4);
   e.ranks.resize(e.tp);
   std::vector<int> devices;
   for (int i = 0; i < e.tp; ++i) {
@@ -407,7 +435,8 @@ int create_engine(Engine& e) {
   }
   // KV pool: the same number of blocks on every GPU.
   const size_t kv_elem = e.f32kv ? sizeof(float) : sizeof(__nv_bfloat16);
-  const size_t per_block = (size_t)e.d.L * 2 * e.d.nkv_l * e.block_size * e.d.D * kv_elem;
+  const int kv_layers = (int)e.ranks[0].layers.size();  // + the MTP layer's when drafting
+  const size_t per_block = (size_t)kv_layers * 2 * e.d.nkv_l * e.block_size * e.d.D * kv_elem;
   int64_t blocks = e.opt.num_kv_blocks;
   if (blocks == 0) {
     for (Rank& r : e.ranks) {
@@ -438,7 +467,7 @@ int create_engine(Engine& e) {
     unsigned char* pool = nullptr;
     GLMRT_TRY(A(&pool, per_block * e.num_blocks, "KV cache"));
     const size_t layer_bytes = (size_t)e.num_blocks * e.d.nkv_l * e.block_size * e.d.D * kv_elem;
-    for (int l = 0; l < e.d.L; ++l) {
+    for (int l = 0; l < kv_layers; ++l) {
       r.layers[l].k_cache = pool + (2 * l) * layer_bytes;
       r.layers[l].v_cache = pool + (2 * l + 1) * layer_bytes;
     }
@@ -466,7 +495,7 @@ int create_engine(Engine& e) {
   e.attn_items.resize(e.max_items);
   e.pf_items.resize(e.pf_max_items);
   e.attn_merges.resize(e.max_merges);
-  e.logits_seq.reserve(e.max_seqs);
+  e.logits_seq.reserve(e.max_logit_rows);
   step_state_create(e);
   return GLMRT_OK;
 }

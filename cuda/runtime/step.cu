@@ -38,6 +38,12 @@ struct Meta {
   size_t items, merges, samples, pen_row, pen_tok, pen_prompt, pen_output, seg_begin, seg_end, masks;
   size_t a_bytes = 0, b_bytes = 0;  // bytes of region A / B to copy (B: up to the masks)
   int n_mask = 0;                   // token-mask rows (sampled rows with a mask)
+  // The draft pass (speculative decoding): run when a sequence has draft set.
+  // Region B: the MTP input token of every row, the SpecSeq entries, and the
+  // rows their drafts are read from (written on the GPU by spec_accept).
+  bool mtp_pass = false;
+  int n_spec = 0;
+  size_t mtp_next = 0, spec = 0, mtp_rows = 0;
   int64_t kv_read_tokens = 0;       // sum over sequences of keys attended (profiling bytes)
   // Per sampler chunk: [begin, end) of its penalty entries and sort segments.
   int chunk_pen[2 * 1024 + 2];
@@ -122,6 +128,25 @@ int validate_batch(const Engine& e, const glmrt_batch& b, bool masks_now) {
     if (q.mask_index < -1 || q.mask_index >= b.n_token_masks || (q.mask_index >= 0 && !q.sample))
       return fail(GLMRT_ERR_INVALID, "seq %d: mask_index %d must be -1 or a row of the %d token masks of a sampled sequence",
                   s, q.mask_index, b.n_token_masks);
+    if (q.draft != 0 && q.draft != 1)
+      return fail(GLMRT_ERR_INVALID, "seq %d: draft must be 0 or 1", s);
+    if ((q.draft || q.n_drafts || q.propose) && e.draft_k == 0)
+      return fail(GLMRT_ERR_INVALID,
+                  "seq %d: draft/n_drafts/propose need an engine created with draft_tokens > 0", s);
+    if (q.n_drafts < 0 || q.n_drafts > e.draft_k || q.n_drafts >= q.n_tokens || (q.n_drafts > 0 && !q.sample))
+      return fail(GLMRT_ERR_INVALID,
+                  "seq %d: n_drafts %d must be in 0..draft_tokens (%d), below n_tokens (%d), and only on a "
+                  "sampled sequence",
+                  s, q.n_drafts, e.draft_k, q.n_tokens);
+    if (q.propose < 0 || q.propose > e.draft_k || (q.propose > 0 && !(q.draft && q.sample)))
+      return fail(GLMRT_ERR_INVALID,
+                  "seq %d: propose %d must be in 0..draft_tokens (%d), and only with draft and sample", s,
+                  q.propose, e.draft_k);
+    if (q.draft && !q.sample && (q.next_token < -1 || q.next_token >= V))
+      return fail(GLMRT_ERR_INVALID, "seq %d: next_token %d must be -1 or in 0..%d", s, q.next_token, V - 1);
+    if ((q.draft || q.n_drafts) && (q.want_logits || q.mask_index >= 0))
+      return fail(GLMRT_ERR_INVALID,
+                  "seq %d: draft / n_drafts cannot go with want_logits or a token mask", s);
     if (!q.sample) continue;
     const glmrt_sampling& p = q.sampling;
     if (!finite(p.temperature) || p.temperature < 0)
@@ -181,6 +206,17 @@ int validate_result(const Engine& e, const glmrt_seq* seqs, int n_seqs, const gl
                   "seq %d: n_top_logprobs %d needs result.top_ids/top_logprobs and top_stride >= it "
                   "(top_stride %d)",
                   s, n, res.top_stride);
+    if ((q.n_drafts > 0 || q.propose > 0) && res.draft_stride < std::max(q.n_drafts, q.propose))
+      return fail(GLMRT_ERR_INVALID, "seq %d: n_drafts %d / propose %d need result.draft_stride >= them (%d)",
+                  s, q.n_drafts, q.propose, res.draft_stride);
+    if (q.n_drafts > 0 && (!res.n_accepted || !res.accepted || !res.accepted_logprobs))
+      return fail(GLMRT_ERR_INVALID,
+                  "seq %d: n_drafts %d needs result.n_accepted, accepted and accepted_logprobs", s, q.n_drafts);
+    if (q.n_drafts > 0 && n > 0 && (!res.accepted_top_ids || !res.accepted_top_logprobs))
+      return fail(GLMRT_ERR_INVALID,
+                  "seq %d: n_drafts with n_top_logprobs %d needs result.accepted_top_ids/top_logprobs", s, n);
+    if (q.propose > 0 && !res.drafts)
+      return fail(GLMRT_ERR_INVALID, "seq %d: propose %d needs result.drafts", s, q.propose);
   }
   if (want > 0 && (!res.logits || res.logits_capacity < want * V))
     return fail(GLMRT_ERR_INVALID, "result: logits needs %lld floats (%lld rows x vocab %d), capacity %lld",
@@ -203,15 +239,26 @@ int bucket_rows(const Engine& e, int n) {
   return n;
 }
 
-// The graph bucket for a pure-decode step of S sequences, or -1.
+// Whether sequence q runs its new tokens as decode rows of attention_decode:
+// one token, or a verify step (its drafts and the token before them, nothing
+// else), each row then a decode entry of its own over the keys up to it (the
+// rope kernel writes every row's K/V before attention runs). Its rows are then
+// computed exactly as decode rows are, and a step of such sequences is a CUDA
+// graph of its row count.
+bool decode_rows(const glmrt_seq& q) {
+  return q.n_tokens == 1 || (q.n_drafts > 0 && q.n_tokens == q.n_drafts + 1);
+}
+
+// The graph bucket for a pure-decode step (every sequence one token, or its
+// verify rows, each row with logits) of T rows, or -1.
 int pick_bucket(const Engine& e, const glmrt_batch& b) {
   if (!e.graphs) return -1;
   for (int s = 0; s < b.n_seqs; ++s) {
     const glmrt_seq& q = b.seqs[s];
-    if (q.n_tokens != 1 || !(q.sample || q.want_logits)) return -1;
+    if (!decode_rows(q) || !(q.sample || q.want_logits)) return -1;
   }
   for (size_t i = 0; i < e.buckets.size(); ++i)
-    if (e.buckets[i] >= b.n_seqs) return (int)i;
+    if (e.buckets[i] >= b.n_tokens) return (int)i;
   return -1;
 }
 
@@ -240,6 +287,11 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
     memcpy(at<int>(H, L.bt), b.block_tables, (size_t)b.n_block_table_entries * 4);
   const bool dec_ok = decode_kernel_ok(e);
   e.logits_seq.clear();
+  e.logits_vrow.clear();
+  e.seq_logit_row0.assign(m.S, -1);
+  e.spec_seqs.clear();
+  e.spec_seq_index.clear();
+  m.mtp_pass = false;
   e.attn_seqs.clear();
   e.attn_seq_index.clear();
   m.n_dec = 0;
@@ -249,11 +301,13 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
     const glmrt_seq& q = b.seqs[s];
     bto[s] = q.block_table_offset;
     m.kv_read_tokens += (int64_t)q.start_pos + q.n_tokens;
-    if (dec_ok && q.n_tokens == 1) {
-      dq[m.n_dec] = t;
-      dc[m.n_dec] = q.start_pos + 1;
-      db[m.n_dec] = q.block_table_offset;
-      ++m.n_dec;
+    if (dec_ok && decode_rows(q)) {
+      for (int i = 0; i < q.n_tokens; ++i) {
+        dq[m.n_dec] = t + i;
+        dc[m.n_dec] = q.start_pos + i + 1;
+        db[m.n_dec] = q.block_table_offset;
+        ++m.n_dec;
+      }
     } else {
       e.attn_seqs.push_back(glmk::AttnSeqDesc{t, q.n_tokens, q.start_pos});
       e.attn_seq_index.push_back(s);  // the planners number sequences in attn_seqs; tables are by s
@@ -264,11 +318,24 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       slot[t] = b.block_tables[q.block_table_offset + p / bs] * bs + p % bs;
     }
     if (q.sample || q.want_logits) {
-      lrows[e.logits_seq.size()] = t - 1;
-      e.logits_seq.push_back(s);
+      // A sequence verifying D drafts has a logits row after each of its last
+      // D + 1 positions; row j predicts the token after draft j.
+      const int nv = q.sample ? q.n_drafts : 0;
+      e.seq_logit_row0[s] = (int)e.logits_seq.size();
+      if (q.draft && q.sample) {
+        e.spec_seqs.push_back(glmk::SpecSeq{(int)e.logits_seq.size(), nv, t - 1 - nv, 0});
+        e.spec_seq_index.push_back(s);
+      }
+      for (int j = 0; j <= nv; ++j) {
+        lrows[e.logits_seq.size()] = t - 1 - nv + j;
+        e.logits_seq.push_back(s);
+        e.logits_vrow.push_back(j);
+      }
     }
+    if (q.draft) m.mtp_pass = true;
   }
   m.n_logits = (int)e.logits_seq.size();
+  m.n_spec = (int)e.spec_seqs.size();
   if (m.graph) {
     // Padding rows: token 0 at position 0, no KV write, no keys, own logits row.
     for (int r = m.T; r < m.rows; ++r) {
@@ -332,7 +399,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   int n_pen = 0;
   for (int i = 0; i < m.n_logits; ++i) {
     const glmrt_seq& q = b.seqs[e.logits_seq[i]];
-    if (q.sample && wants_penalty(q.sampling)) n_pen += q.penalty_len;
+    if (q.sample && wants_penalty(q.sampling)) n_pen += q.penalty_len + e.logits_vrow[i];
   }
   m.pen_row = take((size_t)n_pen * 4);
   m.pen_tok = take((size_t)n_pen * 4);
@@ -340,6 +407,11 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   m.pen_output = take((size_t)n_pen * 4);
   m.seg_begin = take((size_t)m.n_logits * 4);
   m.seg_end = take((size_t)m.n_logits * 4);
+  if (m.mtp_pass) {
+    m.mtp_next = take((size_t)m.rows * 4);
+    m.spec = take((size_t)m.n_spec * sizeof(glmk::SpecSeq));
+    m.mtp_rows = take((size_t)m.n_spec * 4);
+  }
   // Token masks of the sampled rows that have one, in logits-row order.
   const int mask_words = (V + 31) / 32;
   int n_mask = 0;
@@ -374,7 +446,13 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       r.skip = q.sample ? 0 : 1;
       r.sort_segment = -1;
       r.mask_row = -1;
+      r.draft = -1;
       if (!q.sample) continue;
+      // Verify row j (speculative decoding): sample number sample_index + j,
+      // deciding draft j + 1 (the token after this row's position) unless it
+      // is the last row; its penalty history has drafts 1..j appended.
+      const int vj = e.logits_vrow[i];
+      if (vj < q.n_drafts) r.draft = b.token_ids[lrows[i] + 1];
       if (q.mask_index >= 0) r.mask_row = mask_rows++;  // the row arrives at finish
       const glmrt_sampling& p = q.sampling;
       r.temperature = p.temperature;
@@ -386,7 +464,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       r.presence_penalty = p.presence_penalty;
       r.n_top = p.n_top_logprobs;
       r.seed = p.seed;
-      r.sample_index = p.sample_index;
+      r.sample_index = p.sample_index + vj;
       if (needs_sort(p, V)) {
         r.sort_segment = seg_local++;
         sb[m.n_seg] = (i - c0) * V;
@@ -394,18 +472,54 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
         ++m.n_seg;
       }
       if (wants_penalty(p)) {
+        // Drafts 1..vj are output tokens of this row's history: the tokens
+        // right after the first verify position.
+        const int* drafts = b.token_ids + (lrows[i] - vj) + 1;
         for (int k = 0; k < q.penalty_len; ++k) {
           const int src = q.penalty_offset + k;
+          int extra = 0;
+          for (int x = 0; x < vj; ++x) extra += drafts[x] == b.penalty_tokens[src];
           pr[m.n_pen] = i - c0;
           pt[m.n_pen] = b.penalty_tokens[src];
           pp[m.n_pen] = b.penalty_prompt_counts[src];
-          po[m.n_pen] = b.penalty_output_counts[src];
+          po[m.n_pen] = b.penalty_output_counts[src] + extra;
+          ++m.n_pen;
+        }
+        for (int x = 0; x < vj; ++x) {  // drafts not in the history: new entries, once each
+          bool seen = false;
+          for (int k = 0; k < q.penalty_len && !seen; ++k) seen = b.penalty_tokens[q.penalty_offset + k] == drafts[x];
+          for (int y = 0; y < x && !seen; ++y) seen = drafts[y] == drafts[x];
+          if (seen) continue;
+          int count = 0;
+          for (int y = x; y < vj; ++y) count += drafts[y] == drafts[x];
+          pr[m.n_pen] = i - c0;
+          pt[m.n_pen] = drafts[x];
+          pp[m.n_pen] = 0;
+          po[m.n_pen] = count;
           ++m.n_pen;
         }
       }
     }
     m.chunk_pen[2 * ci + 1] = m.n_pen;
     m.chunk_seg[2 * ci + 1] = m.n_seg;
+  }
+  if (m.mtp_pass) {
+    // The MTP input token of every row: the next token of the sequence, which
+    // for a row inside the step is the step's next row (for verify rows: the
+    // drafts, which equal the target's tokens wherever they are accepted).
+    // The last row of a sampled sequence gets its sampled token on the GPU
+    // (spec_accept, at the last valid row); that of a prefill chunk gets
+    // next_token. Rows of sequences that do not draft and padding rows read
+    // token 0: their MTP entries are never used.
+    int* nx = at<int>(H, m.mtp_next);
+    int row = 0;
+    for (int s = 0; s < m.S; ++s) {
+      const glmrt_seq& q = b.seqs[s];
+      for (int i = 0; i < q.n_tokens; ++i, ++row)
+        nx[row] = !q.draft ? 0 : i + 1 < q.n_tokens ? b.token_ids[row + 1] : (!q.sample && q.next_token >= 0) ? q.next_token : 0;
+    }
+    for (; row < m.rows; ++row) nx[row] = 0;
+    memcpy(at<glmk::SpecSeq>(H, m.spec), e.spec_seqs.data(), (size_t)m.n_spec * sizeof(glmk::SpecSeq));
   }
   return GLMRT_OK;
 }
@@ -555,11 +669,12 @@ bool shared_dense_mlp(const Engine& e, const Meta& m) {
 }
 
 // The input norm of layer l: h += delta (the previous sub-layer's output,
-// none before layer 0), x = RMSNorm(h) quantized to FP8 (FP32 when exact).
+// none before layer 0 and before the MTP layer L, whose residual stream starts
+// from eh_proj's output), x = RMSNorm(h) quantized to FP8 (FP32 when exact).
 glmk::AddNormArgs input_norm_args(const Engine& e, const Rank& r, int l, int T) {
   glmk::AddNormArgs n;
   n.h = r.h;
-  n.delta = l > 0 ? r.delta : nullptr;
+  n.delta = (l > 0 && l < e.d.L) ? r.delta : nullptr;
   n.weight = r.layers[l].in_norm;
   n.rows = T;
   n.hidden = e.d.H;
@@ -912,12 +1027,30 @@ int all_reduce_delta(Engine& e, int T) {
   return GLMRT_OK;
 }
 
+// With a draft model loaded, the final norm of every row (h += delta, then
+// RMSNorm into mtp_hid): the MTP layer reads h_i of every position. The
+// logits rows' norm then reads the summed h without a delta, the same value
+// the one-kernel form sums in registers, so the logits are bit-identical.
+int mtp_hidden_block(Engine& e, Rank& r, const Meta& m) {
+  glmk::AddNormArgs n;
+  n.h = r.h;
+  n.delta = r.delta;
+  n.weight = r.final_norm;
+  n.rows = m.rows;
+  n.hidden = e.d.H;
+  n.eps = e.cfg.rms_norm_eps;
+  n.out_f32 = r.mtp_hid;
+  KCHECK(glmk::add_rmsnorm(n, r.stream), "final norm of every row (MTP input)");
+  PROF(GLMRT_PROF_NORM);
+  return GLMRT_OK;
+}
+
 int logits_block(Engine& e, Rank& r, const Meta& m) {
   const Dims& d = e.d;
   const int rows = m.graph ? m.rows : m.n_logits;
   glmk::AddNormArgs n;
   n.h = r.h;
-  n.delta = r.delta;
+  n.delta = e.draft_k > 0 ? nullptr : r.delta;  // summed by mtp_hidden_block
   n.weight = r.final_norm;
   n.rows = rows;
   n.hidden = d.H;
@@ -959,6 +1092,7 @@ int forward(Engine& e, const Meta& m) {
     GLMRT_TRY(all_reduce_delta(e, m.rows));
   }
   const int rows = m.graph ? m.rows : m.n_logits;
+  if (e.draft_k > 0) GLMRT_TRY(mtp_hidden_block(e, e.ranks[0], m));  // TP 1 (check_config)
   for (Rank& r : e.ranks) {
     if (rows == 0) break;  // a step of non-final prefill chunks only
     GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
@@ -983,6 +1117,60 @@ int forward(Engine& e, const Meta& m) {
            "logits_interleave");
     PROF(GLMRT_PROF_LM_HEAD);
   }
+  return GLMRT_OK;
+}
+
+// The draft pass (docs/speculative.md, steps 3 and 4), after the sampler on
+// GPU 0's stream: spec_accept finds each drafting sequence's last valid row
+// and gives it the sampled token as its MTP input; the MTP layer then runs
+// over every row of the step (its KV entries follow the target's positions;
+// rows past a rejection write entries beyond the valid positions, overwritten
+// later), and the shared lm_head + argmax on the last valid row of each
+// sequence gives its proposal. The step's metadata (positions, slots, block
+// tables, attention plans) is the target's, so attention_block and mlp_block
+// run unchanged with l = L. Launches count in their kernels' families
+// (mtp_input as a norm, eh_proj and the draft lm_head as lm_head, the argmax
+// as sampling). The proposals land in drafts_h (pinned) at the step's wait.
+int draft_pass(Engine& e, Rank& r, const Meta& m, int* drafts_h) {
+  const Dims& d = e.d;
+  unsigned char* M = r.meta;
+  int* next = at<int>(M, m.mtp_next);
+  int* draft_rows = at<int>(M, m.mtp_rows);
+  if (m.n_spec > 0) {
+    KCHECK(glmk::spec_accept(r.sample_out, at<glmk::SpecSeq>(M, m.spec), m.n_spec, at<int>(M, e.ml.tokens),
+                             next, draft_rows, r.stream),
+           "draft pass: spec_accept (%d sequences)", m.n_spec);
+    PROF(GLMRT_PROF_SAMPLING);
+  }
+  KCHECK(glmk::mtp_input(r.embed, d.V, next, r.mtp_hid, r.mtp_enorm, r.mtp_hnorm, m.rows, d.H,
+                         e.cfg.rms_norm_eps, r.mtp_cat, r.stream),
+         "draft pass: mtp_input (%d rows)", m.rows);
+  PROF(GLMRT_PROF_NORM);
+  std::string err = glmk::gemm_bf16_nt(r.cublas, r.mtp_cat, r.mtp_eh_proj, r.h, m.rows, d.H, 2 * d.H, r.stream);
+  if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: draft pass: eh_proj: %s", r.device, err.c_str());
+  PROF(GLMRT_PROF_LM_HEAD);
+  GLMRT_TRY(attention_block(e, r, d.L, m));
+  GLMRT_TRY(mlp_block(e, r, d.L, m));
+  if (m.n_spec == 0) return GLMRT_OK;  // prefill chunks only: the MTP cache is all this step needs
+  glmk::AddNormArgs n;
+  n.h = r.h;
+  n.delta = r.delta;
+  n.weight = r.mtp_head_norm;
+  n.rows = m.n_spec;
+  n.hidden = d.H;
+  n.eps = e.cfg.rms_norm_eps;
+  n.row_index = draft_rows;
+  n.out_bf16 = r.final_bf16;
+  KCHECK(glmk::add_rmsnorm(n, r.stream), "draft pass: shared_head.norm");
+  PROF(GLMRT_PROF_NORM);
+  err = glmk::gemm_bf16_nt(r.cublas, r.final_bf16, r.lm_head, r.logits_local, m.n_spec, d.V_l, d.H, r.stream);
+  if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: draft pass: lm_head: %s", r.device, err.c_str());
+  PROF(GLMRT_PROF_LM_HEAD);
+  KCHECK(glmk::argmax_rows(r.logits_local, d.V_l, m.n_spec, d.V_l, r.mtp_draft, r.stream), "draft pass: argmax");
+  PROF(GLMRT_PROF_SAMPLING);
+  KCHECK(cudaMemcpyAsync(drafts_h, r.mtp_draft, (size_t)m.n_spec * 4, cudaMemcpyDeviceToHost, r.stream),
+         "draft pass: copy the proposals");
+  PROF(GLMRT_PROF_COPY);
   return GLMRT_OK;
 }
 
@@ -1072,11 +1260,13 @@ void plan_meta_layout(Engine& e) {
   L.tokens = take(T * 4);
   L.positions = take(T * 4);
   L.slots = take(T * 4);
-  L.dec_qrow = take(S * 4);
-  L.dec_ctx = take(S * 4);
-  L.dec_bt = take(S * 4);
+  // Decode entries: one per decoding sequence, or per verify row (a
+  // sequence verifying drafts decodes each of its rows).
+  L.dec_qrow = take((size_t)e.max_logit_rows * 4);
+  L.dec_ctx = take((size_t)e.max_logit_rows * 4);
+  L.dec_bt = take((size_t)e.max_logit_rows * 4);
   L.bt_off = take(S * 4);
-  L.logit_rows = take(S * 4);
+  L.logit_rows = take((size_t)e.max_logit_rows * 4);
   L.n_valid = take(4);
   L.bt = take(S * (size_t)e.max_blocks_per_seq * 4);
   L.b_begin = off;
@@ -1084,10 +1274,16 @@ void plan_meta_layout(Engine& e) {
   // items and merges.
   take(std::max(al((size_t)e.max_items * sizeof(glmk::AttnItem)) + al((size_t)e.max_merges * sizeof(glmk::AttnMerge)),
                 (size_t)e.pf_max_items * sizeof(glmk::PrefillItem)));
-  take(S * sizeof(glmk::SampleRow));
-  for (int i = 0; i < 4; ++i) take((size_t)e.max_pen * 4);  // penalty row, token, prompt, output
-  take(S * 4);
-  take(S * 4);  // sort segments
+  const size_t LR = e.max_logit_rows;
+  take(LR * sizeof(glmk::SampleRow));
+  for (int i = 0; i < 4; ++i) take((size_t)e.pen_cap * 4);  // penalty row, token, prompt, output
+  take(LR * 4);
+  take(LR * 4);  // sort segments
+  if (e.draft_k > 0) {  // the draft pass: MTP input tokens, SpecSeq entries, draft rows
+    take(T * 4);
+    take(S * sizeof(glmk::SpecSeq));
+    take(S * 4);
+  }
   take(S * (size_t)((e.d.V + 31) / 32) * 4);  // token masks (structured outputs)
   L.total = off;
   e.meta_bytes = off;
@@ -1224,9 +1420,11 @@ static int step_finish_checked(Engine& e, const uint32_t* token_masks, glmrt_res
   if (m.n_logits > 0) PROF(GLMRT_PROF_SAMPLING);
   // Results: one copy of the per-row outputs, then the requested logits rows.
   glmk::SampleOut* out_h = reinterpret_cast<glmk::SampleOut*>(e.result_host);
-  int* top_ids_h = reinterpret_cast<int*>(e.result_host + al(e.max_seqs * sizeof(glmk::SampleOut)));
+  int* top_ids_h = reinterpret_cast<int*>(e.result_host + al(e.max_logit_rows * sizeof(glmk::SampleOut)));
   float* top_lp_h = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(top_ids_h) +
-                                             al((size_t)e.max_seqs * glmk::kMaxTop * 4));
+                                             al((size_t)e.max_logit_rows * glmk::kMaxTop * 4));
+  int* drafts_h = reinterpret_cast<int*>(reinterpret_cast<unsigned char*>(top_lp_h) +
+                                         al((size_t)e.max_logit_rows * glmk::kMaxTop * 4));
   if (m.n_logits > 0) {
     KCHECK(cudaMemcpyAsync(out_h, r.sample_out, m.n_logits * sizeof(glmk::SampleOut),
                            cudaMemcpyDeviceToHost, r.stream),
@@ -1247,6 +1445,9 @@ static int step_finish_checked(Engine& e, const uint32_t* token_masks, glmrt_res
     ++want_row;
   }
   PROF(GLMRT_PROF_COPY);
+  // The draft pass, behind the sampler on the same stream (it needs the
+  // sampled tokens) and before the one wait.
+  if (m.mtp_pass) GLMRT_TRY(draft_pass(e, r, m, drafts_h));
   for (Rank& q : e.ranks) {
     GLMRT_CUDA(cudaSetDevice(q.device), "cudaSetDevice");
     GLMRT_CUDA(cudaStreamSynchronize(q.stream), "step: stream synchronize");
@@ -1261,19 +1462,56 @@ static int step_finish_checked(Engine& e, const uint32_t* token_masks, glmrt_res
     step_bytes(e, m, active.data(), bytes);
     GLMRT_TRY(profile_end(e, bytes));
   }
+  const int stride = res.top_stride;
+  const int dstride = res.draft_stride;
   for (int s = 0; s < (int)ps.seqs.size(); ++s) {
     res.tokens[s] = -1;
     res.logprobs[s] = NAN;
     if (res.sample_status) res.sample_status[s] = GLMRT_SAMPLE_OK;
+    if (res.top_ids)
+      for (int k = 0; k < stride; ++k) {
+        res.top_ids[(size_t)s * stride + k] = -1;
+        res.top_logprobs[(size_t)s * stride + k] = NAN;
+      }
+    if (res.n_accepted) res.n_accepted[s] = 0;
+    if (res.drafts)
+      for (int k = 0; k < dstride; ++k) res.drafts[(size_t)s * dstride + k] = -1;
   }
   static const char* status_text[] = {"ok", "a logit is NaN or +Inf", "every logit is -Inf",
                                       "every logit is -Inf after penalties",
                                       "no token left to sample",
                                       "the token mask allows no token with a finite logit"};
-  for (int i = 0; i < m.n_logits; ++i) {
-    const int s = e.logits_seq[i];
+  const int* tok_h = at<int>(e.meta_host, e.ml.tokens);
+  const int* lrows_h = at<int>(e.meta_host, e.ml.logit_rows);
+  // Top alternatives of logits row i into ids / lps (n of them, -1 / NaN after).
+  auto copy_top = [&](int i, int n, int32_t* ids, float* lps) {
+    for (int k = 0; k < stride; ++k) {
+      ids[k] = k < n ? top_ids_h[(size_t)i * glmk::kMaxTop + k] : -1;
+      lps[k] = k < n ? top_lp_h[(size_t)i * glmk::kMaxTop + k] : NAN;
+    }
+  };
+  for (int s = 0; s < (int)ps.seqs.size(); ++s) {
     const glmrt_seq& q = seqs[s];
     if (!q.sample) continue;
+    const int row0 = e.seq_logit_row0[s];
+    const int n = q.sampling.n_top_logprobs;
+    // Verification (docs/speculative.md, step 2): draft j + 1 is accepted when
+    // row j sampled it. The sampler already applied the rule per row (greedy:
+    // argmax; sampling: accept with p(draft), else a draw without it), so the
+    // accepted drafts are the longest prefix of rows whose token is their
+    // draft; spec_accept applies the same test on the GPU for the draft pass.
+    // Rows after the first rejection are not read (their status neither).
+    int a = 0;
+    while (a < q.n_drafts && out_h[row0 + a].status == 0 && out_h[row0 + a].token == tok_h[lrows_h[row0 + a] + 1]) {
+      res.accepted[(size_t)s * dstride + a] = out_h[row0 + a].token;
+      res.accepted_logprobs[(size_t)s * dstride + a] = out_h[row0 + a].logprob;
+      if (n > 0)
+        copy_top(row0 + a, n, res.accepted_top_ids + ((size_t)s * dstride + a) * stride,
+                 res.accepted_top_logprobs + ((size_t)s * dstride + a) * stride);
+      ++a;
+    }
+    if (q.n_drafts > 0) res.n_accepted[s] = a;
+    const int i = row0 + a;
     const glmk::SampleOut& o = out_h[i];
     if (o.status != 0) {
       // This sequence alone: the caller ends it with an error, the others
@@ -1282,32 +1520,17 @@ static int step_finish_checked(Engine& e, const uint32_t* token_masks, glmrt_res
         return fail(GLMRT_ERR_INVALID, "seq %d: cannot sample: %s", s,
                     (o.status > 0 && o.status <= GLMRT_SAMPLE_MASKED_ALL) ? status_text[o.status] : "unknown status");
       res.sample_status[s] = (o.status > 0 && o.status <= GLMRT_SAMPLE_MASKED_ALL) ? o.status : GLMRT_SAMPLE_NONFINITE;
-      if (res.top_ids)
-        for (int k = 0; k < res.top_stride; ++k) {
-          res.top_ids[(size_t)s * res.top_stride + k] = -1;
-          res.top_logprobs[(size_t)s * res.top_stride + k] = NAN;
-        }
+      if (res.n_accepted) res.n_accepted[s] = 0;
       continue;
     }
     res.tokens[s] = o.token;
     res.logprobs[s] = o.logprob;
-    const int n = q.sampling.n_top_logprobs;
-    if (res.top_ids) {
-      for (int k = 0; k < res.top_stride; ++k) {
-        res.top_ids[(size_t)s * res.top_stride + k] = k < n ? top_ids_h[(size_t)i * glmk::kMaxTop + k] : -1;
-        res.top_logprobs[(size_t)s * res.top_stride + k] =
-            k < n ? top_lp_h[(size_t)i * glmk::kMaxTop + k] : NAN;
-      }
-    }
+    if (res.top_ids) copy_top(i, n, res.top_ids + (size_t)s * stride, res.top_logprobs + (size_t)s * stride);
   }
-  if (res.top_ids) {
-    for (int s = 0; s < (int)ps.seqs.size(); ++s) {
-      if (seqs[s].sample) continue;
-      for (int k = 0; k < res.top_stride; ++k) {
-        res.top_ids[(size_t)s * res.top_stride + k] = -1;
-        res.top_logprobs[(size_t)s * res.top_stride + k] = NAN;
-      }
-    }
+  for (int i = 0; i < m.n_spec; ++i) {
+    const int s = e.spec_seq_index[i];
+    if (seqs[s].propose > 0 && (!res.sample_status || res.sample_status[s] == GLMRT_SAMPLE_OK))
+      res.drafts[(size_t)s * dstride] = drafts_h[i];
   }
   return GLMRT_OK;
 }

@@ -7,6 +7,13 @@
 // their owners' groups, BF16 -> FP32 for norms, biases and the router). No
 // weight byte crosses the host link.
 //
+// The MTP layer (draft_tokens > 0 only) follows the same rules: its decoder
+// layer's tensors as any layer's, enorm / hnorm / shared_head.norm as norms,
+// eh_proj as a Gaussian BF16 projection of fan-in 2H. pkg/synth does not write
+// it (`glmctl synth` checkpoints have no MTP layer), so a synthetic draft model
+// exists on the GPU only; its proposals are random, and it serves to time the
+// draft pass and verify steps at full size.
+//
 // The seed is the effective seed (pkg/synth Spec.EffectiveSeed: the Go side
 // has already combined the user's seed with the rank); it is used as is.
 //
@@ -205,6 +212,10 @@ Gen piece_gen(const Engine& e, const Piece& pc) {
     case Role::QB:
     case Role::KB:
     case Role::VB: return {kGenGaussBF16, gauss_step(kGainBias, 1)};
+    case Role::MtpEhProj: return {kGenGaussBF16, gauss_step(kGainProj, 2 * (int64_t)d.H)};
+    case Role::MtpENorm:
+    case Role::MtpHNorm:
+    case Role::MtpHeadNorm:
     case Role::FinalNorm:
     case Role::InNorm:
     case Role::PostNorm:

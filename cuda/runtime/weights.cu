@@ -40,11 +40,11 @@ void add_linear(Engine& e, const std::string& p, Role w, Role s, int layer, int 
   add(e, p + ".weight_scale", s, layer, expert, out, 1, kScale);
 }
 
-void add_layer(Engine& e, int l, bool mtp) {
+void add_layer(Engine& e, int l, bool skip) {
   const Dims& d = e.d;
   const glmrt_model_config& c = e.cfg;
   const std::string p = "model.layers." + std::to_string(l) + ".";
-  auto R = [&](Role r) { return mtp ? Role::MtpSkip : r; };
+  auto R = [&](Role r) { return skip ? Role::MtpSkip : r; };
   add(e, p + "input_layernorm.weight", R(Role::InNorm), l, 0, d.H, 0, kHigh);
   add(e, p + "post_attention_layernorm.weight", R(Role::PostNorm), l, 0, d.H, 0, kHigh);
   const int64_t qo = (int64_t)d.nq * d.D, kvo = (int64_t)d.nkv * d.D;
@@ -61,7 +61,7 @@ void add_layer(Engine& e, int l, bool mtp) {
     add(e, p + "self_attn.q_norm.weight", R(Role::QNorm), l, 0, d.D, 0, kHigh);
     add(e, p + "self_attn.k_norm.weight", R(Role::KNorm), l, 0, d.D, 0, kHigh);
   }
-  if (!mtp && l < d.first_dense) {
+  if (!skip && l < d.first_dense) {
     add_linear(e, p + "mlp.gate_proj", Role::DGateW, Role::DGateS, l, 0, d.I, d.H);
     add_linear(e, p + "mlp.up_proj", Role::DUpW, Role::DUpS, l, 0, d.I, d.H);
     add_linear(e, p + "mlp.down_proj", Role::DDownW, Role::DDownS, l, 0, d.H, d.I);
@@ -154,13 +154,18 @@ int build_expected_names(Engine& e) {
   add(e, "model.norm.weight", Role::FinalNorm, -1, 0, d.H, 0, kHigh);
   for (int l = 0; l < d.L; ++l) add_layer(e, l, false);
   if (e.cfg.num_nextn_predict_layers > 0) {
+    // The MTP layer: uploaded when it drafts (draft_tokens > 0), else only
+    // shape-checked. Its own embed_tokens and shared_head.head copies are
+    // never used: the main embedding and lm_head serve (docs/speculative.md).
     const int l = d.L;
+    const bool skip = e.draft_k == 0;
+    auto R = [&](Role r) { return skip ? Role::MtpSkip : r; };
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    add_layer(e, l, true);
-    add(e, p + "enorm.weight", Role::MtpSkip, l, 0, d.H, 0, kHigh);
-    add(e, p + "hnorm.weight", Role::MtpSkip, l, 0, d.H, 0, kHigh);
-    add(e, p + "eh_proj.weight", Role::MtpSkip, l, 0, d.H, 2 * (int64_t)d.H, kHigh);
-    add(e, p + "shared_head.norm.weight", Role::MtpSkip, l, 0, d.H, 0, kHigh);
+    add_layer(e, l, skip);
+    add(e, p + "enorm.weight", R(Role::MtpENorm), l, 0, d.H, 0, kHigh);
+    add(e, p + "hnorm.weight", R(Role::MtpHNorm), l, 0, d.H, 0, kHigh);
+    add(e, p + "eh_proj.weight", R(Role::MtpEhProj), l, 0, d.H, 2 * (int64_t)d.H, kHigh);
+    add(e, p + "shared_head.norm.weight", R(Role::MtpHeadNorm), l, 0, d.H, 0, kHigh);
     add_linear(e, p + "shared_head.head", Role::MtpSkip, Role::MtpSkip, l, 0, d.V, d.H);
     add(e, p + "embed_tokens.weight", Role::MtpSkip, l, 0, d.V, d.H, kHigh);
   }
@@ -187,6 +192,15 @@ int place_piece(const Engine& e, const Piece& pc, const char* name, int rank, Pl
     }
     case Role::Embed:
       run(r.embed, kElemBF16, (int64_t)d.V * d.H, 0);
+      return GLMRT_OK;
+    case Role::MtpEhProj:  // replicated, BF16 (one GPU drafts: draft_tokens needs TP 1)
+      run(r.mtp_eh_proj, kElemBF16, (int64_t)d.H * 2 * d.H, 0);
+      return GLMRT_OK;
+    case Role::MtpENorm:
+    case Role::MtpHNorm:
+    case Role::MtpHeadNorm:
+      run(pc.role == Role::MtpENorm ? r.mtp_enorm : pc.role == Role::MtpHNorm ? r.mtp_hnorm : r.mtp_head_norm,
+          kElemF32, d.H, 0);
       return GLMRT_OK;
     case Role::FinalNorm:
     case Role::InNorm:
@@ -323,7 +337,7 @@ int load_tensor(Engine& e, const char* name, int32_t dtype, const int64_t* shape
   if ((int64_t)nbytes != elems * esize)
     return fail(GLMRT_ERR_INVALID, "tensor %s: %llu bytes, want %lld for %s %s", name,
                 (unsigned long long)nbytes, (long long)(elems * esize), dtype_name(dtype), want);
-  if (pc.role == Role::MtpSkip) {  // checked; v1 runs no MTP draft
+  if (pc.role == Role::MtpSkip) {  // checked; not used (no drafting, or a copy never read)
     pc.loaded = true;
     return GLMRT_OK;
   }

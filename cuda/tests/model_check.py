@@ -64,7 +64,8 @@ class Options(C.Structure):
                 ("memory_budget_bytes", C.c_int64), ("max_tokens_per_step", C.c_int32),
                 ("max_seqs_per_step", C.c_int32), ("max_penalty_entries", C.c_int32),
                 ("exact_activations", C.c_int32), ("fp32_cache_and_head", C.c_int32),
-                ("reserved", C.c_int32 * 5)]
+                ("disable_graphs", C.c_int32), ("draft_tokens", C.c_int32),
+                ("reserved", C.c_int32 * 3)]
 
 
 class Info(C.Structure):
@@ -73,7 +74,7 @@ class Info(C.Structure):
                 ("max_tokens_per_step", C.c_int32), ("max_seqs_per_step", C.c_int32),
                 ("max_blocks_per_seq", C.c_int32), ("max_top_logprobs", C.c_int32),
                 ("max_penalty_entries", C.c_int32), ("vocab_size", C.c_int32),
-                ("weight_bytes", C.c_int64), ("kv_bytes", C.c_int64),
+                ("max_draft_tokens", C.c_int32), ("weight_bytes", C.c_int64), ("kv_bytes", C.c_int64),
                 ("workspace_bytes", C.c_int64), ("device_name", C.c_char * 128)]
 
 
@@ -89,7 +90,9 @@ class Seq(C.Structure):
                 ("block_table_offset", C.c_int32), ("block_table_len", C.c_int32),
                 ("sample", C.c_int32), ("want_logits", C.c_int32),
                 ("penalty_offset", C.c_int32), ("penalty_len", C.c_int32),
-                ("sampling", Sampling)]
+                ("mask_index", C.c_int32), ("sampling", Sampling),
+                ("n_drafts", C.c_int32), ("draft", C.c_int32), ("next_token", C.c_int32),
+                ("propose", C.c_int32)]
 
 
 class Batch(C.Structure):
@@ -99,7 +102,9 @@ class Batch(C.Structure):
                 ("penalty_tokens", C.POINTER(C.c_int32)),
                 ("penalty_prompt_counts", C.POINTER(C.c_int32)),
                 ("penalty_output_counts", C.POINTER(C.c_int32)),
-                ("n_penalty_entries", C.c_int32)]
+                ("n_penalty_entries", C.c_int32),
+                ("token_masks", C.POINTER(C.c_uint32)), ("n_token_masks", C.c_int32),
+                ("mask_words", C.c_int32)]
 
 
 class Result(C.Structure):
@@ -107,7 +112,11 @@ class Result(C.Structure):
                 ("top_ids", C.POINTER(C.c_int32)), ("top_logprobs", C.POINTER(C.c_float)),
                 ("top_stride", C.c_int32), ("logits", C.POINTER(C.c_float)),
                 ("logits_capacity", C.c_int64),
-                ("sample_status", C.POINTER(C.c_int32))]  # NULL here: a sequence that cannot be sampled fails the step
+                ("sample_status", C.POINTER(C.c_int32)),  # NULL here: a sequence that cannot be sampled fails the step
+                ("draft_stride", C.c_int32), ("n_accepted", C.POINTER(C.c_int32)),
+                ("accepted", C.POINTER(C.c_int32)), ("accepted_logprobs", C.POINTER(C.c_float)),
+                ("accepted_top_ids", C.POINTER(C.c_int32)),
+                ("accepted_top_logprobs", C.POINTER(C.c_float)), ("drafts", C.POINTER(C.c_int32))]
 
 
 def i32(a):
@@ -190,6 +199,8 @@ class Engine:
             q.block_table_len = len(s["table"])
             q.sample = 1 if s.get("sample", True) else 0
             q.want_logits = 1 if s.get("logits", False) else 0
+            q.mask_index = -1
+            q.next_token = -1
             n_logits += q.want_logits
             sp = s.get("sampling", {})
             q.sampling.temperature = sp.get("temperature", 0.0)

@@ -41,8 +41,8 @@ type Options struct {
 
 	// DraftTokens > 0 loads the checkpoint's MTP layer as the draft model of
 	// speculative decoding, for up to this many drafts per step
-	// (docs/speculative.md). The CPU backend runs it; the CUDA runtime does
-	// not yet.
+	// (docs/speculative.md). Both backends run it; the CUDA runtime drafts
+	// one token per step.
 	DraftTokens int
 
 	// CUDA backend (see cuda.Options).
@@ -77,7 +77,7 @@ func (o Options) cuda() cuda.Options {
 		LibPath: o.LibPath, Arch: o.Arch, CacheDir: o.CacheDir,
 		Device: o.Device, TP: o.TP, KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks,
 		MemoryBudget: o.MemoryBudget, MaxTokensPerStep: o.MaxTokensPerStep, MaxSeqs: o.MaxSeqs,
-		Exact: o.CUDAExact, NoGraphs: o.CUDANoGraphs, OnLoad: o.OnLoad,
+		Exact: o.CUDAExact, NoGraphs: o.CUDANoGraphs, OnLoad: o.OnLoad, DraftTokens: o.DraftTokens,
 	}
 }
 
@@ -159,9 +159,6 @@ func Open(ctx context.Context, name, dir string, o Options) (engine.Backend, err
 	}
 	switch c.Name {
 	case CUDA:
-		if o.DraftTokens > 0 {
-			return nil, errors.New("speculative decoding (the MTP draft model) runs on the cpu backend only for now; the CUDA runtime does not load the MTP layer yet")
-		}
 		co := o.cuda()
 		co.LibPath = c.LibPath
 		if o.Synthetic != nil {

@@ -53,6 +53,9 @@ type Options struct {
 	// NoGraphs launches every kernel of every step; by default decode steps
 	// are captured as CUDA graphs per batch-size bucket and replayed.
 	NoGraphs bool
+	// DraftTokens > 0 loads the checkpoint's MTP layer as the draft model of
+	// speculative decoding (docs/speculative.md); the runtime supports 1.
+	DraftTokens int
 	// OnLoad, if not nil, is called after each tensor handed to the
 	// runtime, with the checkpoint bytes handed over so far and their total
 	// (progress; how the runtime splits them over the GPUs is its own). It
@@ -221,9 +224,10 @@ func (b *Backend) finish(path string, cfg *model.Config) error {
 		Name: "cuda", Device: info.Device, VocabSize: info.VocabSize, MaxContext: cfg.MaxPositionEmbeddings,
 		KVBlockSize: info.KVBlockSize, NumKVBlocks: info.NumKVBlocks, MaxBatchSeqs: info.MaxSeqsPerStep,
 		MaxStepTokens: info.MaxTokensPerStep, TokenMasks: true, LateMasks: true, // token masks at glmrt_step_finish (ABI 6)
+		MaxDraftTokens: info.MaxDraftTokens,
 	}
 	slog.Info("cuda backend ready", "lib", path, "device", info.Device, "tp", info.TensorParallel,
-		"kv_blocks", info.NumKVBlocks, "kv_block_size", info.KVBlockSize,
+		"kv_blocks", info.NumKVBlocks, "kv_block_size", info.KVBlockSize, "draft_tokens", info.MaxDraftTokens,
 		"weights_gb", float64(info.WeightBytes)/1e9, "kv_gb", float64(info.KVBytes)/1e9)
 	return nil
 }

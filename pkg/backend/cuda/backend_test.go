@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -311,6 +312,54 @@ func TestStepConversion(t *testing.T) {
 		want := int32((int64(2*i+1) + 6 + 7*2) % vocab)
 		if r.Token != want || r.Logprob != 3 || len(r.TopLogprobs) != 20 {
 			t.Fatalf("big batch seq %d: token %d logprob %g tops %d; want %d, 3, 20", i, r.Token, r.Logprob, len(r.TopLogprobs), want)
+		}
+	}
+}
+
+// Speculative fields cross the ABI both ways: Drafts / Draft / NextToken /
+// Propose into glmrt_seq, accepted drafts (with logprobs and top
+// alternatives) and proposals back into SeqResult (the fake accepts drafts
+// while they are even and proposes token + 1).
+func TestStepSpeculativeConversion(t *testing.T) {
+	b := openFake(t, Options{KVBlockSize: 4, NumKVBlocks: 64, DraftTokens: 1})
+	if got := b.Info().MaxDraftTokens; got != 1 {
+		t.Fatalf("MaxDraftTokens %d, want 1", got)
+	}
+	const vocab = 1040
+	batch := &engine.StepBatch{Seqs: []engine.StepSeq{
+		{SeqID: 1, Tokens: []int32{9, 8}, StartPos: 3, BlockTable: []int32{1, 2}, Sample: true, Draft: true, Drafts: 1, Propose: 1,
+			Sampling: engine.SamplingParams{TopLogprobs: 2}},
+		{SeqID: 2, Tokens: []int32{9, 7}, StartPos: 3, BlockTable: []int32{3, 4}, Sample: true, Draft: true, Drafts: 1, Propose: 1},
+		{SeqID: 3, Tokens: []int32{4, 5, 6}, BlockTable: []int32{5}, Draft: true, NextToken: 11},
+		{SeqID: 4, Tokens: []int32{4}, StartPos: 1, BlockTable: []int32{6}, Sample: true},
+	}}
+	res, err := b.Step(context.Background(), batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok0 := int32((9 + 8 + 3) % vocab)
+	want0 := []engine.AcceptedToken{{Token: 8, Logprob: -1, TopLogprobs: []engine.TokenLogprob{{Token: 8, Logprob: 0}, {Token: 9, Logprob: -1}}}}
+	if r := res[0]; r.Token != tok0 || !reflect.DeepEqual(r.Accepted, want0) || !slices.Equal(r.Drafts, []int32{tok0 + 1}) {
+		t.Errorf("seq 1: token %d accepted %+v drafts %v; want %d, %+v, [%d]", r.Token, r.Accepted, r.Drafts, tok0, want0, tok0+1)
+	}
+	if r := res[1]; r.Accepted != nil || len(r.Drafts) != 1 {
+		t.Errorf("seq 2 (odd draft rejected): accepted %+v drafts %v", r.Accepted, r.Drafts)
+	}
+	if r := res[2]; r.Accepted != nil || r.Drafts != nil {
+		t.Errorf("seq 3 (prefill chunk): %+v", r)
+	}
+	if r := res[3]; r.Accepted != nil || r.Drafts != nil || r.Token != int32(5) {
+		t.Errorf("seq 4 (plain decode): %+v", r)
+	}
+	// Drafts that make no sense are refused before the runtime sees them.
+	for _, q := range []engine.StepSeq{
+		{SeqID: 5, Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true, Drafts: 1},
+		{SeqID: 6, Tokens: []int32{1, 2}, BlockTable: []int32{0}, Drafts: 1},
+		{SeqID: 7, Tokens: []int32{1}, BlockTable: []int32{0}, Sample: true, Propose: 1},
+		{SeqID: 8, Tokens: []int32{1}, BlockTable: []int32{0}, Draft: true, NextToken: vocab},
+	} {
+		if _, err := b.Step(context.Background(), &engine.StepBatch{Seqs: []engine.StepSeq{q}}); err == nil {
+			t.Errorf("seq %d %+v: no error", q.SeqID, q)
 		}
 	}
 }

@@ -63,6 +63,9 @@ type stepBuffers struct {
 	outTokens, outLogprobs, topIDs, topLogp cbuf
 	outStatus                               cbuf
 	logits                                  cbuf
+	// Speculative decoding: accepted drafts (count, tokens, logprobs, top
+	// alternatives) and proposals.
+	nAccepted, accepted, acceptedLogp, accTopIDs, accTopLogp, drafts cbuf
 
 	// Dense per-token counters for building each sequence's distinct-token
 	// penalty history in O(history), reset through touched after each use.
@@ -89,7 +92,8 @@ func (s *stepBuffers) free() {
 	C.free(unsafe.Pointer(s.result))
 	s.batch, s.result = nil, nil
 	for _, b := range []*cbuf{&s.seqs, &s.tokens, &s.blockTables, &s.penTokens, &s.penPrompt, &s.penOutput, &s.masks,
-		&s.outTokens, &s.outLogprobs, &s.topIDs, &s.topLogp, &s.outStatus, &s.logits} {
+		&s.outTokens, &s.outLogprobs, &s.topIDs, &s.topLogp, &s.outStatus, &s.logits,
+		&s.nAccepted, &s.accepted, &s.acceptedLogp, &s.accTopIDs, &s.accTopLogp, &s.drafts} {
 		b.free()
 	}
 }
@@ -118,11 +122,22 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 	if n > lim.maxSeqs {
 		return fmt.Errorf("step: %d sequences exceed the runtime's max_seqs_per_step %d", n, lim.maxSeqs)
 	}
-	nTok, nBlocks, topStride, logitRows := 0, 0, 0, 0
+	nTok, nBlocks, topStride, logitRows, draftStride := 0, 0, 0, 0, 0
+	accTop := false // a verifying sequence asks for top logprobs
 	for i := range b.Seqs {
 		q := &b.Seqs[i]
 		if len(q.Tokens) == 0 {
 			return fmt.Errorf("step: seq %d (id %d): no tokens", i, q.SeqID)
+		}
+		if q.Drafts < 0 || q.Drafts >= len(q.Tokens) || (q.Drafts > 0 && !q.Sample) {
+			return fmt.Errorf("step: seq %d (id %d): %d drafts among %d tokens (drafts need Sample and a token before them)", i, q.SeqID, q.Drafts, len(q.Tokens))
+		}
+		if q.Propose < 0 || (q.Propose > 0 && !(q.Draft && q.Sample)) {
+			return fmt.Errorf("step: seq %d (id %d): Propose %d needs Draft and Sample", i, q.SeqID, q.Propose)
+		}
+		if q.Drafts > 0 || q.Propose > 0 {
+			draftStride = max(draftStride, q.Drafts, q.Propose)
+			accTop = accTop || (q.Drafts > 0 && q.Sampling.TopLogprobs > 0)
 		}
 		if q.StartPos < 0 || q.StartPos+len(q.Tokens) > lim.maxContext {
 			return fmt.Errorf("step: seq %d (id %d): positions %d..%d outside the context [0, %d)", i, q.SeqID, q.StartPos, q.StartPos+len(q.Tokens)-1, lim.maxContext)
@@ -199,6 +214,16 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 			penalty_offset:     C.int32_t(penOff),
 			penalty_len:        C.int32_t(s.penLens[i]),
 			mask_index:         -1,
+			n_drafts:           C.int32_t(q.Drafts),
+			draft:              b2i(q.Draft),
+			next_token:         -1,
+			propose:            C.int32_t(q.Propose),
+		}
+		if q.Draft && !q.Sample {
+			if q.NextToken < -1 || int(q.NextToken) >= lim.vocab {
+				return fmt.Errorf("step: seq %d (id %d): next token %d outside the vocabulary [0, %d)", i, q.SeqID, q.NextToken, lim.vocab)
+			}
+			cs.next_token = C.int32_t(q.NextToken)
 		}
 		if q.Sample && q.AllowedTokens != nil {
 			cs.mask_index = C.int32_t(maskRow)
@@ -248,7 +273,7 @@ func (s *stepBuffers) fill(b *engine.StepBatch, lim limits) error {
 		bt.n_token_masks = C.int32_t(nMasks)
 		bt.mask_words = C.int32_t(engine.MaskWords(lim.vocab))
 	}
-	return s.sizeResult(n, topStride, logitRows, lim.vocab)
+	return s.sizeResult(n, topStride, logitRows, lim.vocab, draftStride, accTop)
 }
 
 func clampInt32(v int) int {
@@ -378,8 +403,10 @@ func (s *stepBuffers) resetCounts() {
 }
 
 // sizeResult points the result struct at buffers large enough for n
-// sequences, topStride alternatives each and logitRows rows of logits.
-func (s *stepBuffers) sizeResult(n, topStride, logitRows, vocab int) error {
+// sequences, topStride alternatives each, logitRows rows of logits and
+// draftStride accepted drafts and proposals each (with top alternatives for
+// the accepted ones when accTop).
+func (s *stepBuffers) sizeResult(n, topStride, logitRows, vocab, draftStride int, accTop bool) error {
 	toks, err1 := cslice[C.int32_t](&s.outTokens, n)
 	lps, err2 := cslice[C.float](&s.outLogprobs, n)
 	st, err3 := cslice[C.int32_t](&s.outStatus, n)
@@ -404,6 +431,25 @@ func (s *stepBuffers) sizeResult(n, topStride, logitRows, vocab int) error {
 			return err
 		}
 		r.logits, r.logits_capacity = &lg[0], C.int64_t(logitRows*vocab)
+	}
+	if draftStride > 0 {
+		na, err1 := cslice[C.int32_t](&s.nAccepted, n)
+		acc, err2 := cslice[C.int32_t](&s.accepted, n*draftStride)
+		alp, err3 := cslice[C.float](&s.acceptedLogp, n*draftStride)
+		dr, err4 := cslice[C.int32_t](&s.drafts, n*draftStride)
+		if err := errors.Join(err1, err2, err3, err4); err != nil {
+			return err
+		}
+		r.draft_stride = C.int32_t(draftStride)
+		r.n_accepted, r.accepted, r.accepted_logprobs, r.drafts = &na[0], &acc[0], &alp[0], &dr[0]
+		if accTop && topStride > 0 {
+			ids, err1 := cslice[C.int32_t](&s.accTopIDs, n*draftStride*topStride)
+			tlp, err2 := cslice[C.float](&s.accTopLogp, n*draftStride*topStride)
+			if err := errors.Join(err1, err2); err != nil {
+				return err
+			}
+			r.accepted_top_ids, r.accepted_top_logprobs = &ids[0], &tlp[0]
+		}
 	}
 	return nil
 }
@@ -433,16 +479,12 @@ func (s *stepBuffers) results(b *engine.StepBatch, vocab int) ([]engine.SeqResul
 				return nil, fmt.Errorf("glmrt_step: seq %d (id %d): sampled token %d outside the vocabulary [0, %d)", i, q.SeqID, res.Token, vocab)
 			}
 			res.Logprob = float32(lps[i])
-			if k := q.Sampling.TopLogprobs; k > 0 {
-				ids := unsafe.Slice((*C.int32_t)(s.topIDs.p), n*stride)[i*stride : i*stride+k]
-				tlp := unsafe.Slice((*C.float)(s.topLogp.p), n*stride)[i*stride : i*stride+k]
-				res.TopLogprobs = make([]engine.TokenLogprob, 0, k)
-				for j, id := range ids {
-					if id < 0 {
-						break
-					}
-					res.TopLogprobs = append(res.TopLogprobs, engine.TokenLogprob{Token: int32(id), Logprob: float32(tlp[j])})
-				}
+			k := q.Sampling.TopLogprobs
+			if k > 0 {
+				res.TopLogprobs = topLogprobs(s.topIDs.p, s.topLogp.p, i*stride, k)
+			}
+			if err := s.speculative(&res, q, i, k, stride, vocab); err != nil {
+				return nil, fmt.Errorf("glmrt_step: seq %d (id %d): %w", i, q.SeqID, err)
 			}
 		}
 		if q.WantLogits {
@@ -453,6 +495,61 @@ func (s *stepBuffers) results(b *engine.StepBatch, vocab int) ([]engine.SeqResul
 		out[i] = res
 	}
 	return out, nil
+}
+
+// topLogprobs reads k alternatives from the C arrays ids / lps at offset
+// off, up to the first -1.
+func topLogprobs(ids, lps unsafe.Pointer, off, k int) []engine.TokenLogprob {
+	idv := unsafe.Slice((*C.int32_t)(ids), off+k)[off:]
+	lpv := unsafe.Slice((*C.float)(lps), off+k)[off:]
+	out := make([]engine.TokenLogprob, 0, k)
+	for j, id := range idv {
+		if id < 0 {
+			break
+		}
+		out = append(out, engine.TokenLogprob{Token: int32(id), Logprob: float32(lpv[j])})
+	}
+	return out
+}
+
+// speculative fills res.Accepted (q.Drafts > 0) and res.Drafts (q.Propose >
+// 0) of sequence i from the result buffers; k top alternatives each.
+func (s *stepBuffers) speculative(res *engine.SeqResult, q *engine.StepSeq, i, k, stride, vocab int) error {
+	r := s.result
+	ds := int(r.draft_stride)
+	if q.Drafts > 0 {
+		a := int(unsafe.Slice((*C.int32_t)(s.nAccepted.p), i+1)[i])
+		if a < 0 || a > q.Drafts {
+			return fmt.Errorf("%d drafts accepted of %d", a, q.Drafts)
+		}
+		drafts := q.Tokens[len(q.Tokens)-q.Drafts:]
+		acc := unsafe.Slice((*C.int32_t)(s.accepted.p), (i+1)*ds)[i*ds:]
+		alp := unsafe.Slice((*C.float)(s.acceptedLogp.p), (i+1)*ds)[i*ds:]
+		for j := range a {
+			if int32(acc[j]) != drafts[j] {
+				return fmt.Errorf("accepted token %d at draft %d is not the draft %d", acc[j], j, drafts[j])
+			}
+			t := engine.AcceptedToken{Token: int32(acc[j]), Logprob: float32(alp[j])}
+			if k > 0 && s.accTopIDs.p != nil {
+				t.TopLogprobs = topLogprobs(s.accTopIDs.p, s.accTopLogp.p, (i*ds+j)*stride, k)
+			}
+			res.Accepted = append(res.Accepted, t)
+		}
+	}
+	if q.Propose > 0 {
+		dr := unsafe.Slice((*C.int32_t)(s.drafts.p), (i+1)*ds)[i*ds:]
+		for j := range q.Propose {
+			d := int32(dr[j])
+			if d < 0 {
+				break // the runtime proposes fewer than asked (one per step)
+			}
+			if int(d) >= vocab {
+				return fmt.Errorf("proposed token %d outside the vocabulary [0, %d)", d, vocab)
+			}
+			res.Drafts = append(res.Drafts, d)
+		}
+	}
+	return nil
 }
 
 // sampleStatusText says why the runtime could not sample a sequence

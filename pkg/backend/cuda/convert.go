@@ -85,6 +85,7 @@ func engineOptions(o Options) (C.glmrt_engine_options, error) {
 		{"MaxTokensPerStep", o.MaxTokensPerStep, &co.max_tokens_per_step},
 		{"MaxSeqs", o.MaxSeqs, &co.max_seqs_per_step},
 		{"MaxPenaltyEntries", o.MaxPenaltyEntries, &co.max_penalty_entries},
+		{"DraftTokens", o.DraftTokens, &co.draft_tokens},
 	}
 	for _, f := range fields {
 		if f.v < 0 || f.v > math.MaxInt32 {
@@ -136,6 +137,7 @@ type RuntimeInfo struct {
 	MaxTopLogprobs    int
 	MaxPenaltyEntries int
 	VocabSize         int
+	MaxDraftTokens    int   // the MTP draft model's tokens per step (0: not loaded)
 	WeightBytes       int64 // device bytes per GPU (GPU 0)
 	KVBytes           int64
 	WorkspaceBytes    int64
@@ -155,6 +157,7 @@ func runtimeInfo(path string, i C.glmrt_info) RuntimeInfo {
 		MaxTopLogprobs:    int(i.max_top_logprobs),
 		MaxPenaltyEntries: int(i.max_penalty_entries),
 		VocabSize:         int(i.vocab_size),
+		MaxDraftTokens:    int(i.max_draft_tokens),
 		WeightBytes:       int64(i.weight_bytes),
 		KVBytes:           int64(i.kv_bytes),
 		WorkspaceBytes:    int64(i.workspace_bytes),

@@ -36,6 +36,11 @@ func OpenSynthetic(ctx context.Context, spec synth.Spec, o Options) (*Backend, e
 		return nil, err
 	}
 	ccfg := modelConfig(cfg)
+	if o.DraftTokens > 0 {
+		// The spec's config has no MTP layer (pkg/synth writes none); the
+		// runtime generates one on the GPU when it drafts (docs/synthetic.md).
+		ccfg.num_nextn_predict_layers = 1
+	}
 	b.thread.run(func() { b.eng, err = b.lib.createEngine(&ccfg, &copts) })
 	if err != nil {
 		return nil, fmt.Errorf("cuda backend %s: %w", path, err)

@@ -83,7 +83,7 @@ int glmrt_engine_create(const glmrt_model_config *c, const glmrt_engine_options 
   if (c->hidden_size <= 0 || c->vocab_size <= 0 || c->num_hidden_layers <= 0 || c->head_dim != 128)
     return fail(GLMRT_ERR_INVALID, "fake: bad config (hidden_size %d, vocab_size %d, head_dim %d)", c->hidden_size,
                 c->vocab_size, c->head_dim);
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < 3; i++)
     if (o->reserved[i] != 0) return fail(GLMRT_ERR_INVALID, "fake: reserved[%d] is not zero", i);
   if (o->kv_block_size > 1024) return fail(GLMRT_ERR_INVALID, "fake: kv_block_size %d > 1024", o->kv_block_size);
   glmrt_engine *e = calloc(1, sizeof *e);
@@ -109,6 +109,7 @@ int glmrt_get_info(const glmrt_engine *e, glmrt_info *out) {
   out->max_top_logprobs = GLMRT_MAX_TOP_LOGPROBS;
   out->max_penalty_entries = pick(e->opt.max_penalty_entries, out->max_seqs_per_step * 4096);
   out->vocab_size = e->cfg.vocab_size;
+  out->max_draft_tokens = e->opt.draft_tokens;
   out->weight_bytes = e->loaded_bytes;
   out->kv_bytes = e->n_tensors;
   out->workspace_bytes = (int64_t)e->byte_sum;
@@ -244,6 +245,34 @@ int glmrt_step(glmrt_engine *e, const glmrt_batch *b, glmrt_result *r) {
         r->top_ids[i * r->top_stride + k] = k < p->n_top_logprobs ? (t + k) % vocab : -1;
         r->top_logprobs[i * r->top_stride + k] = k < p->n_top_logprobs ? -(float)k - p->temperature : NAN;
       }
+      /* Speculative decoding: drafts (the last n_drafts new tokens) are
+       * accepted while even; accepted draft j has logprob -(j+1) and top
+       * alternatives (draft + k) % vocab with logprob -k; the proposal is
+       * (token + 1) % vocab. */
+      if (s->n_drafts > 0 || s->propose > 0) {
+        if (e->opt.draft_tokens == 0) return fail(GLMRT_ERR_INVALID, "fake: seq %d: drafts without draft_tokens", i);
+        if (r->draft_stride < s->n_drafts || r->draft_stride < s->propose)
+          return fail(GLMRT_ERR_INVALID, "fake: seq %d: draft_stride %d", i, r->draft_stride);
+      }
+      if (s->n_drafts > 0) {
+        const int32_t *d = b->token_ids + tok - s->n_drafts;
+        int a = 0;
+        while (a < s->n_drafts && d[a] % 2 == 0) {
+          r->accepted[i * r->draft_stride + a] = d[a];
+          r->accepted_logprobs[i * r->draft_stride + a] = -(float)(a + 1);
+          if (p->n_top_logprobs > 0)
+            for (int k = 0; k < r->top_stride; k++) {
+              r->accepted_top_ids[(i * r->draft_stride + a) * r->top_stride + k] = k < p->n_top_logprobs ? (d[a] + k) % vocab : -1;
+              r->accepted_top_logprobs[(i * r->draft_stride + a) * r->top_stride + k] = -(float)k;
+            }
+          a++;
+        }
+        r->n_accepted[i] = a;
+      } else if (r->n_accepted) {
+        r->n_accepted[i] = 0;
+      }
+      if (r->drafts)
+        for (int k = 0; k < r->draft_stride; k++) r->drafts[i * r->draft_stride + k] = k < s->propose ? (t + 1 + k) % vocab : -1;
     } else {
       r->tokens[i] = -1;
       r->logprobs[i] = NAN;
