@@ -267,7 +267,7 @@ if want mtp; then
   for m in tiny-f32 tiny-bf16g demo-go; do
     for sp in off on; do
       flag=(); [[ $sp == on ]] && flag=(--speculative mtp)
-      src=(--prompt-ids 5,17,300,42,999,7); [[ $m == demo-go ]] && src=(--prompt "$GOP")
+      src=(--prompt-ids 5,17,300,42,999,7); [[ $m == demo-go ]] && src=("$GOP")
       timeout "$T" "$G" generate --backend cuda "${flag[@]}" --model testdata/models/$m "${src[@]}" \
         --temperature 0 --max-tokens 200 --ignore-eos --json >"$LOG/gen-$m-mtp-$sp.json" 2>"$LOG/gen-$m-mtp-$sp.err" ||
         fail "generate mtp $sp $m FAIL ($(tail -1 "$LOG/gen-$m-mtp-$sp.err"))"

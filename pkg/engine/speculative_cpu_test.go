@@ -6,11 +6,10 @@ package engine_test
 
 import (
 	"context"
-	"math"
-	"slices"
 	"sync"
 	"testing"
 
+	"github.com/glmctl/glmctl/internal/stattest"
 	"github.com/glmctl/glmctl/pkg/backend/cpu"
 	"github.com/glmctl/glmctl/pkg/engine"
 )
@@ -87,59 +86,11 @@ func TestSpeculativeSamplingKeepsDistribution(t *testing.T) {
 		return counts
 	}
 	off, on := sample(0), sample(1)
-	chi2, dof := chiSquareTwoSample(off, on)
+	chi2, dof := stattest.ChiSquareTwoSample(off, on)
 	// Upper 1e-6 tail of chi-square: a Wilson–Hilferty bound is plenty here.
-	limit := chiSquareQuantile(dof, 4.753) // z for one-sided 1e-6
+	limit := stattest.ChiSquareQuantile(dof, stattest.Z1e6)
 	t.Logf("%d categories, chi2 %.1f (limit %.1f for dof %d)", len(off), chi2, limit, dof)
 	if chi2 > limit {
 		t.Fatalf("the joint (first, second) token distribution changed with drafting: chi2 %.1f > %.1f\noff %v\non  %v", chi2, limit, off, on)
 	}
-}
-
-// chiSquareTwoSample is the homogeneity statistic of two count tables with
-// equal totals, pooling categories with fewer than 10 expected counts.
-func chiSquareTwoSample(a, b map[[2]int32]int) (float64, int) {
-	keys := map[[2]int32]bool{}
-	for k := range a {
-		keys[k] = true
-	}
-	for k := range b {
-		keys[k] = true
-	}
-	var sorted [][2]int32
-	for k := range keys {
-		sorted = append(sorted, k)
-	}
-	slices.SortFunc(sorted, func(x, y [2]int32) int {
-		if x[0] != y[0] {
-			return int(x[0] - y[0])
-		}
-		return int(x[1] - y[1])
-	})
-	chi2, cats := 0.0, 0
-	restA, restB := 0, 0
-	add := func(x, y int) {
-		e := float64(x+y) / 2
-		chi2 += (float64(x)-e)*(float64(x)-e)/e + (float64(y)-e)*(float64(y)-e)/e
-		cats++
-	}
-	for _, k := range sorted {
-		if a[k]+b[k] < 20 {
-			restA, restB = restA+a[k], restB+b[k]
-			continue
-		}
-		add(a[k], b[k])
-	}
-	if restA+restB > 0 {
-		add(restA, restB)
-	}
-	return chi2, max(cats-1, 1)
-}
-
-// chiSquareQuantile approximates the chi-square quantile with dof degrees of
-// freedom at standard-normal quantile z (Wilson–Hilferty).
-func chiSquareQuantile(dof int, z float64) float64 {
-	k := float64(dof)
-	c := 1 - 2/(9*k) + z*math.Sqrt(2/(9*k))
-	return k * c * c * c
 }
