@@ -30,8 +30,9 @@ import (
 //   - the draft pass runs and its drafts are good: on demo-go (a trained MTP
 //     layer) most are accepted, which wrong MTP numerics (a bad norm, the
 //     hidden state of the wrong position, a stale MTP cache) would not give;
-//   - a seeded sampling run goes through the verify rule without error, and
-//     the sampled distribution is unchanged by drafting (a chi-square test);
+//   - seeded sampling goes through the verify rule without error and is
+//     reproducible for a request alone, and the sampled distribution is
+//     unchanged by drafting (a chi-square test);
 //   - the runtime refuses drafting where it cannot run it, naming why.
 func TestSpeculativeRuntime(t *testing.T) {
 	lib, err := LibraryPath(Options{})
@@ -93,13 +94,15 @@ func TestSpeculativeRuntime(t *testing.T) {
 			}
 			// Seeded sampling with penalties and logprobs goes through the
 			// verify rule (acceptance or the residual draw) without error, and
-			// is reproducible.
+			// a request alone is reproducible. (Not several at once: a seeded
+			// token depends on the draft it verifies, and on the FP8 path the
+			// drafts depend on the batch, which depends on arrival timing.)
 			p := engine.SamplingParams{Temperature: 0.8, TopK: 20, TopP: 0.95, RepetitionPenalty: 1.1, Seed: 7, HasSeed: true, Logprobs: true, TopLogprobs: 2}
-			s1 := generateAll(t, b, 1, prompts[:2], 24, p)
-			s2 := generateAll(t, b, 1, prompts[:2], 24, p)
-			for i := range s1 {
-				if len(s1[i]) != 24 || !equalTokens(s1[i], s2[i]) {
-					t.Errorf("seeded sampling with drafting, prompt %d: %v then %v", i, s1[i], s2[i])
+			for i, pr := range prompts[:2] {
+				s1 := generateAll(t, b, 1, [][]int32{pr}, 24, p)[0]
+				s2 := generateAll(t, b, 1, [][]int32{pr}, 24, p)[0]
+				if len(s1) != 24 || !equalTokens(s1, s2) {
+					t.Errorf("seeded sampling with drafting, prompt %d alone: %v then %v", i, s1, s2)
 				}
 			}
 		})
