@@ -664,13 +664,15 @@ cudaError_t sample_rows(const SampleArgs& a, cudaStream_t st);
 struct SpecSeq {
   int logit_row0, n_drafts, tok_row0, pad;
 };
-// Per SpecSeq i: a = the accepted drafts (the longest prefix whose sampled
-// token equals the draft, a row with a non-zero status ending it), the
-// row's token y after them; mtp_next[tok_row0 + a] = y (0 if that row could
-// not be sampled) and mtp_rows[i] = tok_row0 + a: the MTP input at the last
-// valid position and the row its draft is read from.
-cudaError_t spec_accept(const SampleOut* out, const SpecSeq* seqs, int n, const int* tokens,
-                        int* mtp_next, int* mtp_rows, cudaStream_t st);
+// Per SpecSeq i < *n (device; the launch covers cap >= it, so that a captured
+// graph serves any count): a = the accepted drafts (the longest prefix whose
+// sampled token equals the draft, a row with a non-zero status ending it),
+// the row's token y after them; mtp_next[tok_row0 + a] = y (0 if that row
+// could not be sampled) and mtp_rows[i] = tok_row0 + a: the MTP input at the
+// last valid position and the row its draft is read from. mtp_rows[i] = 0
+// for n <= i < cap.
+cudaError_t spec_accept(const SampleOut* out, const SpecSeq* seqs, const int* n, int cap,
+                        const int* tokens, int* mtp_next, int* mtp_rows, cudaStream_t st);
 // The MTP layer's input rows: out[r, 0:H] = bf16(enorm * RMSNorm(embed[next[r]]))
 // and out[r, H:2H] = bf16(hnorm * RMSNorm(hid[r])) (FP32 statistics), the
 // concatenation eh_proj reads. next[r] outside [0, V) reads token 0.

@@ -11,10 +11,14 @@ namespace glmk {
 namespace {
 
 __global__ void spec_accept_kernel(const SampleOut* __restrict__ out, const SpecSeq* __restrict__ seqs,
-                                   int n, const int* __restrict__ tokens, int* __restrict__ mtp_next,
-                                   int* __restrict__ mtp_rows) {
+                                   const int* __restrict__ n, int cap, const int* __restrict__ tokens,
+                                   int* __restrict__ mtp_next, int* __restrict__ mtp_rows) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
+  if (i >= cap) return;
+  if (i >= *n) {  // padding entry of a captured pass: a valid row to read
+    mtp_rows[i] = 0;
+    return;
+  }
   const SpecSeq s = seqs[i];
   // The host applies the same rule to the same SampleOut rows (step.cu), so
   // the two agree on the accepted count.
@@ -102,10 +106,10 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_rows_kernel(const float
 
 }  // namespace
 
-cudaError_t spec_accept(const SampleOut* out, const SpecSeq* seqs, int n, const int* tokens,
-                        int* mtp_next, int* mtp_rows, cudaStream_t st) {
-  if (n <= 0) return cudaSuccess;
-  spec_accept_kernel<<<(n + 127) / 128, 128, 0, st>>>(out, seqs, n, tokens, mtp_next, mtp_rows);
+cudaError_t spec_accept(const SampleOut* out, const SpecSeq* seqs, const int* n, int cap,
+                        const int* tokens, int* mtp_next, int* mtp_rows, cudaStream_t st) {
+  if (cap <= 0) return cudaSuccess;
+  spec_accept_kernel<<<(cap + 127) / 128, 128, 0, st>>>(out, seqs, n, cap, tokens, mtp_next, mtp_rows);
   return cudaGetLastError();
 }
 

@@ -161,6 +161,12 @@ struct MetaLayout {
   size_t bt_off;                        // [max_seqs]
   size_t logit_rows;                    // [max_logit_rows]
   size_t n_valid;                       // [1] real rows of a padded (graph) step
+  // The draft pass (draft_tokens > 0): the MTP input token of every row, the
+  // SpecSeq entries and their count, the rows the drafts are read from
+  // (written on the GPU by spec_accept). In region A so that a captured draft
+  // pass finds them at fixed addresses.
+  size_t mtp_next;                      // [max_tokens]
+  size_t spec, n_spec, mtp_rows;        // [max_seqs], [1], [max_seqs]
   size_t bt;                            // [max_seqs * max_blocks_per_seq]
   size_t b_begin;                       // region B starts here
   size_t total;
@@ -241,6 +247,7 @@ struct Engine {
   std::vector<int> buckets;     // batch sizes graphs are captured for, ascending
   std::vector<StepGraph> step_graphs;       // one per bucket
   std::vector<StepGraph> prof_graphs;       // profiling variants (events inside)
+  std::vector<StepGraph> draft_graphs;      // the draft pass of a graph step, per bucket
   Profiler prof;
   PendingStep* pending = nullptr;  // step_state_create; its `active` is set between begin and finish
 };

@@ -490,6 +490,7 @@ int create_engine(Engine& e) {
   if (e.buckets.back() != e.max_seqs) e.buckets.push_back(e.max_seqs);
   e.step_graphs.assign(e.buckets.size(), StepGraph{});
   e.prof_graphs.assign(e.buckets.size(), StepGraph{});
+  e.draft_graphs.assign(e.buckets.size(), StepGraph{});
   e.attn_seqs.reserve(e.max_seqs);
   e.attn_seq_index.reserve(e.max_seqs);
   e.attn_items.resize(e.max_items);

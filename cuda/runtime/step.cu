@@ -38,12 +38,10 @@ struct Meta {
   size_t items, merges, samples, pen_row, pen_tok, pen_prompt, pen_output, seg_begin, seg_end, masks;
   size_t a_bytes = 0, b_bytes = 0;  // bytes of region A / B to copy (B: up to the masks)
   int n_mask = 0;                   // token-mask rows (sampled rows with a mask)
-  // The draft pass (speculative decoding): run when a sequence has draft set.
-  // Region B: the MTP input token of every row, the SpecSeq entries, and the
-  // rows their drafts are read from (written on the GPU by spec_accept).
+  // The draft pass (speculative decoding): run when a sequence has draft set,
+  // proposing for n_spec sequences (its arrays: MetaLayout).
   bool mtp_pass = false;
   int n_spec = 0;
-  size_t mtp_next = 0, spec = 0, mtp_rows = 0;
   int64_t kv_read_tokens = 0;       // sum over sequences of keys attended (profiling bytes)
   // Per sampler chunk: [begin, end) of its penalty entries and sort segments.
   int chunk_pen[2 * 1024 + 2];
@@ -407,11 +405,6 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   m.pen_output = take((size_t)n_pen * 4);
   m.seg_begin = take((size_t)m.n_logits * 4);
   m.seg_end = take((size_t)m.n_logits * 4);
-  if (m.mtp_pass) {
-    m.mtp_next = take((size_t)m.rows * 4);
-    m.spec = take((size_t)m.n_spec * sizeof(glmk::SpecSeq));
-    m.mtp_rows = take((size_t)m.n_spec * 4);
-  }
   // Token masks of the sampled rows that have one, in logits-row order.
   const int mask_words = (V + 31) / 32;
   int n_mask = 0;
@@ -511,7 +504,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
     // (spec_accept, at the last valid row); that of a prefill chunk gets
     // next_token. Rows of sequences that do not draft and padding rows read
     // token 0: their MTP entries are never used.
-    int* nx = at<int>(H, m.mtp_next);
+    int* nx = at<int>(H, L.mtp_next);
     int row = 0;
     for (int s = 0; s < m.S; ++s) {
       const glmrt_seq& q = b.seqs[s];
@@ -519,7 +512,8 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
         nx[row] = !q.draft ? 0 : i + 1 < q.n_tokens ? b.token_ids[row + 1] : (!q.sample && q.next_token >= 0) ? q.next_token : 0;
     }
     for (; row < m.rows; ++row) nx[row] = 0;
-    memcpy(at<glmk::SpecSeq>(H, m.spec), e.spec_seqs.data(), (size_t)m.n_spec * sizeof(glmk::SpecSeq));
+    memcpy(at<glmk::SpecSeq>(H, L.spec), e.spec_seqs.data(), (size_t)m.n_spec * sizeof(glmk::SpecSeq));
+    *at<int>(H, L.n_spec) = m.n_spec;
   }
   return GLMRT_OK;
 }
@@ -1120,25 +1114,33 @@ int forward(Engine& e, const Meta& m) {
   return GLMRT_OK;
 }
 
+// Rows the draft pass's head (shared_head.norm, lm_head, argmax) runs: the
+// proposing sequences, or in a graph step the bucket's rows (padding entries
+// read row 0), so that one captured pass serves any count.
+int draft_head_rows(const Meta& m) { return m.graph ? m.rows : m.n_spec; }
+
 // The draft pass (docs/speculative.md, steps 3 and 4), after the sampler on
 // GPU 0's stream: spec_accept finds each drafting sequence's last valid row
 // and gives it the sampled token as its MTP input; the MTP layer then runs
 // over every row of the step (its KV entries follow the target's positions;
 // rows past a rejection write entries beyond the valid positions, overwritten
 // later), and the shared lm_head + argmax on the last valid row of each
-// sequence gives its proposal. The step's metadata (positions, slots, block
-// tables, attention plans) is the target's, so attention_block and mlp_block
-// run unchanged with l = L. Launches count in their kernels' families
-// (mtp_input as a norm, eh_proj and the draft lm_head as lm_head, the argmax
-// as sampling). The proposals land in drafts_h (pinned) at the step's wait.
-int draft_pass(Engine& e, Rank& r, const Meta& m, int* drafts_h) {
+// sequence gives its proposal (in r.mtp_draft). The step's metadata
+// (positions, slots, block tables, attention plans) is the target's, so
+// attention_block and mlp_block run unchanged with l = L. Launches count in
+// their kernels' families (mtp_input as a norm, eh_proj and the draft lm_head
+// as lm_head, spec_accept and the argmax as sampling). Launched eagerly, or
+// recorded into a graph (draft_pass).
+int draft_forward(Engine& e, Rank& r, const Meta& m) {
   const Dims& d = e.d;
   unsigned char* M = r.meta;
-  int* next = at<int>(M, m.mtp_next);
-  int* draft_rows = at<int>(M, m.mtp_rows);
-  if (m.n_spec > 0) {
-    KCHECK(glmk::spec_accept(r.sample_out, at<glmk::SpecSeq>(M, m.spec), m.n_spec, at<int>(M, e.ml.tokens),
-                             next, draft_rows, r.stream),
+  const MetaLayout& ML = e.ml;
+  int* next = at<int>(M, ML.mtp_next);
+  int* draft_rows = at<int>(M, ML.mtp_rows);
+  const int head = draft_head_rows(m);
+  if (head > 0) {
+    KCHECK(glmk::spec_accept(r.sample_out, at<glmk::SpecSeq>(M, ML.spec), at<int>(M, ML.n_spec), head,
+                             at<int>(M, ML.tokens), next, draft_rows, r.stream),
            "draft pass: spec_accept (%d sequences)", m.n_spec);
     PROF(GLMRT_PROF_SAMPLING);
   }
@@ -1151,26 +1153,57 @@ int draft_pass(Engine& e, Rank& r, const Meta& m, int* drafts_h) {
   PROF(GLMRT_PROF_LM_HEAD);
   GLMRT_TRY(attention_block(e, r, d.L, m));
   GLMRT_TRY(mlp_block(e, r, d.L, m));
-  if (m.n_spec == 0) return GLMRT_OK;  // prefill chunks only: the MTP cache is all this step needs
+  if (head == 0) return GLMRT_OK;  // prefill chunks only: the MTP cache is all this step needs
   glmk::AddNormArgs n;
   n.h = r.h;
   n.delta = r.delta;
   n.weight = r.mtp_head_norm;
-  n.rows = m.n_spec;
+  n.rows = head;
   n.hidden = d.H;
   n.eps = e.cfg.rms_norm_eps;
   n.row_index = draft_rows;
   n.out_bf16 = r.final_bf16;
   KCHECK(glmk::add_rmsnorm(n, r.stream), "draft pass: shared_head.norm");
   PROF(GLMRT_PROF_NORM);
-  err = glmk::gemm_bf16_nt(r.cublas, r.final_bf16, r.lm_head, r.logits_local, m.n_spec, d.V_l, d.H, r.stream);
+  err = glmk::gemm_bf16_nt(r.cublas, r.final_bf16, r.lm_head, r.logits_local, head, d.V_l, d.H, r.stream);
   if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: draft pass: lm_head: %s", r.device, err.c_str());
   PROF(GLMRT_PROF_LM_HEAD);
-  KCHECK(glmk::argmax_rows(r.logits_local, d.V_l, m.n_spec, d.V_l, r.mtp_draft, r.stream), "draft pass: argmax");
+  KCHECK(glmk::argmax_rows(r.logits_local, d.V_l, head, d.V_l, r.mtp_draft, r.stream), "draft pass: argmax");
   PROF(GLMRT_PROF_SAMPLING);
-  KCHECK(cudaMemcpyAsync(drafts_h, r.mtp_draft, (size_t)m.n_spec * 4, cudaMemcpyDeviceToHost, r.stream),
-         "draft pass: copy the proposals");
-  PROF(GLMRT_PROF_COPY);
+  return GLMRT_OK;
+}
+
+// The draft pass of a step and the copy of its proposals into drafts_h
+// (pinned; they land at the step's wait). The pass of a graph step is itself
+// captured per bucket (on the bucket's second draft pass, as the step graphs)
+// and replayed: at batch 1 its ~15 launches otherwise cost about as much as
+// its kernels. Not while profiling (events between launches).
+int draft_pass(Engine& e, Rank& r, const Meta& m, int* drafts_h) {
+  StepGraph* g = (m.graph && !e.prof.on) ? &e.draft_graphs[m.bucket] : nullptr;
+  if (g && !g->exec && g->seen++ >= 1) {
+    GLMRT_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal),
+               "begin CUDA graph capture (draft pass)");
+    const int rc = draft_forward(e, r, m);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ce = cudaStreamEndCapture(r.stream, &graph);
+    if (rc != GLMRT_OK) {
+      if (graph) cudaGraphDestroy(graph);
+      return rc;
+    }
+    GLMRT_TRY(check_cuda(ce, "end CUDA graph capture (draft pass)"));
+    const cudaError_t ie = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    GLMRT_TRY(check_cuda(ie, "instantiate the draft-pass graph"));
+  }
+  if (g && g->exec)
+    KCHECK(cudaGraphLaunch(g->exec, r.stream), "launch the draft-pass graph (%d rows)", m.rows);
+  else
+    GLMRT_TRY(draft_forward(e, r, m));
+  if (m.n_spec > 0) {
+    KCHECK(cudaMemcpyAsync(drafts_h, r.mtp_draft, (size_t)m.n_spec * 4, cudaMemcpyDeviceToHost, r.stream),
+           "draft pass: copy the proposals");
+    PROF(GLMRT_PROF_COPY);
+  }
   return GLMRT_OK;
 }
 
@@ -1268,6 +1301,11 @@ void plan_meta_layout(Engine& e) {
   L.bt_off = take(S * 4);
   L.logit_rows = take((size_t)e.max_logit_rows * 4);
   L.n_valid = take(4);
+  const bool drafts = e.draft_k > 0;
+  L.mtp_next = take(drafts ? T * 4 : 0);
+  L.spec = take(drafts ? S * sizeof(glmk::SpecSeq) : 0);
+  L.n_spec = take(drafts ? 4 : 0);
+  L.mtp_rows = take(drafts ? S * 4 : 0);
   L.bt = take(S * (size_t)e.max_blocks_per_seq * 4);
   L.b_begin = off;
   // The prefill attention plan: attention_prefill's items, or attention_paged's
@@ -1279,11 +1317,6 @@ void plan_meta_layout(Engine& e) {
   for (int i = 0; i < 4; ++i) take((size_t)e.pen_cap * 4);  // penalty row, token, prompt, output
   take(LR * 4);
   take(LR * 4);  // sort segments
-  if (e.draft_k > 0) {  // the draft pass: MTP input tokens, SpecSeq entries, draft rows
-    take(T * 4);
-    take(S * sizeof(glmk::SpecSeq));
-    take(S * 4);
-  }
   take(S * (size_t)((e.d.V + 31) / 32) * 4);  // token masks (structured outputs)
   L.total = off;
   e.meta_bytes = off;
