@@ -47,13 +47,17 @@ type Config struct {
 	// many for the next. 0 = off. At most BackendInfo.MaxDraftTokens.
 	DraftTokens int
 	// DraftMaxBatch: drafts are proposed only while at most this many
-	// sequences run (at large batch a verify step costs more than it
-	// saves). 0 = DefaultDraftMaxBatch.
+	// sequences run (past it a verify step may cost more than it saves).
+	// 0 = DefaultDraftMaxBatch.
 	DraftMaxBatch int
 }
 
-// DefaultDraftMaxBatch is Config.DraftMaxBatch's default.
-const DefaultDraftMaxBatch = 8
+// DefaultDraftMaxBatch is Config.DraftMaxBatch's default: the largest batch
+// at which a k = 1 verify step was measured on the GPU. On an H200 (GLM-4.7
+// rank share, docs/perf.md 2026-11-25 fifth session) it cost 1.06-1.29 × a
+// plain decode step at every batch from 1 to 128, so drafting pays from
+// ~30% acceptance (the trained demo model accepts 66-81%, GLM-4.7's MTP ~90%).
+const DefaultDraftMaxBatch = 128
 
 // DefaultConfig returns the recommended settings: default budgets and prefix
 // caching on.
