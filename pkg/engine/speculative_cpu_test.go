@@ -6,9 +6,9 @@ package engine_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 
+	"github.com/glmctl/glmctl/internal/fixtures"
 	"github.com/glmctl/glmctl/internal/stattest"
 	"github.com/glmctl/glmctl/pkg/backend/cpu"
 	"github.com/glmctl/glmctl/pkg/engine"
@@ -49,48 +49,19 @@ func TestSpeculativeSamplingKeepsDistribution(t *testing.T) {
 		t.Skip("samples thousands of requests")
 	}
 	const n = 1200
-	const demoModel = "../../testdata/models/demo-go"
-	// demo-go's tokens of "package main\n\nimport (\n\t\"fmt\"\n\t\"strings\"\n)\n\n
-	// func main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt."
-	goPrompt := []int32{841, 2004, 444, 889, 899, 197, 2308, 421, 197, 2656, 421, 469, 343, 2004, 333, 271, 461,
-		287, 295, 220, 15, 26, 287, 456, 220, 653, 26, 287, 777, 271, 197, 1007, 13}
 	sample := func(drafts int) map[[2]int32]int {
-		eng := startSpecEngine(t, demoModel, 1, drafts)
-		counts := map[[2]int32]int{}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		slots := make(chan struct{}, 64) // fewer than DraftMaxBatch: every request drafts
-		for i := range n {
-			wg.Add(1)
-			slots <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-slots }()
-				toks, _ := collectCPU(t, eng, &engine.Request{PromptTokens: goPrompt, MaxTokens: 2, IgnoreEOS: true,
-					Sampling: engine.SamplingParams{Temperature: 1, TopK: 3, TopP: 1, RepetitionPenalty: 1, Seed: int64(1000 + i), HasSeed: true}})
-				if len(toks) != 2 {
-					t.Errorf("request %d: %d tokens", i, len(toks))
-					return
-				}
-				mu.Lock()
-				counts[[2]int32{toks[0], toks[1]}]++
-				mu.Unlock()
-			}()
+		eng := startSpecEngine(t, "../../testdata/models/demo-go", 1, drafts)
+		// 64 in flight, fewer than DraftMaxBatch: every request drafts.
+		counts, err := stattest.FirstTwoTokens(eng, fixtures.DemoGoPrompt(), n, 64, func(i int) engine.SamplingParams {
+			return engine.SamplingParams{Temperature: 1, TopK: 3, TopP: 1, RepetitionPenalty: 1, Seed: int64(1000 + i), HasSeed: true}
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		wg.Wait()
-		if st := eng.Stats(); drafts > 0 && (st.DraftsVerified < n || st.DraftsAccepted == 0 || st.DraftsAccepted == st.DraftsVerified) {
-			t.Fatalf("drafts verified %d, accepted %d: the verify path did not run for every request, both ways", st.DraftsVerified, st.DraftsAccepted)
-		} else if drafts > 0 {
-			t.Logf("drafts verified %d, accepted %d", st.DraftsVerified, st.DraftsAccepted)
+		if drafts > 0 {
+			stattest.CheckVerified(t, eng.Stats(), n)
 		}
 		return counts
 	}
-	off, on := sample(0), sample(1)
-	chi2, dof := stattest.ChiSquareTwoSample(off, on)
-	// Upper 1e-6 tail of chi-square: a Wilson–Hilferty bound is plenty here.
-	limit := stattest.ChiSquareQuantile(dof, stattest.Z1e6)
-	t.Logf("%d categories, chi2 %.1f (limit %.1f for dof %d)", len(off), chi2, limit, dof)
-	if chi2 > limit {
-		t.Fatalf("the joint (first, second) token distribution changed with drafting: chi2 %.1f > %.1f\noff %v\non  %v", chi2, limit, off, on)
-	}
+	stattest.SameDistribution(t, sample(0), sample(1))
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/glmctl/glmctl/internal/fixtures"
 	"github.com/glmctl/glmctl/internal/stattest"
 	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/golden"
@@ -137,13 +138,8 @@ func TestSpeculativeRuntime(t *testing.T) {
 func specPrompts(t *testing.T, dir, name string) [][]int32 {
 	t.Helper()
 	if name == "demo-go" {
-		return [][]int32{
-			// "package main\n\nimport (\n\t\"fmt\"\n\t\"strings\"\n)\n\nfunc main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt."
-			{841, 2004, 444, 889, 899, 197, 2308, 421, 197, 2656, 421, 469, 343, 2004, 333, 271, 461,
-				287, 295, 220, 15, 26, 287, 456, 220, 653, 26, 287, 777, 271, 197, 1007, 13},
-			{841, 2004, 444, 889, 899, 197, 2308, 421},
-			{841, 2004, 444},
-		}
+		p := fixtures.DemoGoPrompt()
+		return [][]int32{p, p[:8], p[:3]}
 	}
 	g, err := golden.Load(dir + ".golden.json")
 	if err != nil {
@@ -224,7 +220,6 @@ func specSamplingDistribution(t *testing.T, lib string) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	prompt := specPrompts(t, "", "demo-go")[0]
 	const n = 1200
 	sample := func(drafts int) map[[2]int32]int {
 		eng, stop, err := engine.Start(context.Background(), b, engine.Config{MaxSeqs: 64, DraftTokens: drafts, DraftMaxBatch: 64})
@@ -232,54 +227,16 @@ func specSamplingDistribution(t *testing.T, lib string) {
 			t.Fatal(err)
 		}
 		defer stop()
-		counts := map[[2]int32]int{}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		slots := make(chan struct{}, 64)
-		for i := range n {
-			wg.Add(1)
-			slots <- struct{}{}
-			go func() {
-				defer wg.Done()
-				defer func() { <-slots }()
-				p := engine.SamplingParams{Temperature: 1, TopK: 3, TopP: 1, RepetitionPenalty: 1, Seed: int64(1000 + i), HasSeed: true}
-				st, err := eng.Submit(context.Background(), &engine.Request{PromptTokens: prompt, MaxTokens: 2, IgnoreEOS: true, Sampling: p})
-				if err != nil {
-					t.Errorf("submit: %v", err)
-					return
-				}
-				var toks []int32
-				for ev := range st.Events() {
-					if ev.HasToken {
-						toks = append(toks, ev.Token)
-					}
-					if ev.Err != nil {
-						t.Errorf("request %d: %v", i, ev.Err)
-					}
-				}
-				if len(toks) != 2 {
-					t.Errorf("request %d: %d tokens", i, len(toks))
-					return
-				}
-				mu.Lock()
-				counts[[2]int32{toks[0], toks[1]}]++
-				mu.Unlock()
-			}()
+		counts, err := stattest.FirstTwoTokens(eng, fixtures.DemoGoPrompt(), n, 64, func(i int) engine.SamplingParams {
+			return engine.SamplingParams{Temperature: 1, TopK: 3, TopP: 1, RepetitionPenalty: 1, Seed: int64(1000 + i), HasSeed: true}
+		})
+		if err != nil {
+			t.Fatal(err)
 		}
-		wg.Wait()
-		if st := eng.Stats(); drafts > 0 {
-			t.Logf("drafts verified %d, accepted %d", st.DraftsVerified, st.DraftsAccepted)
-			if st.DraftsVerified < n || st.DraftsAccepted == 0 || st.DraftsAccepted == st.DraftsVerified {
-				t.Fatalf("drafts verified %d, accepted %d: the verify path did not run for every request, both ways", st.DraftsVerified, st.DraftsAccepted)
-			}
+		if drafts > 0 {
+			stattest.CheckVerified(t, eng.Stats(), n)
 		}
 		return counts
 	}
-	off, on := sample(0), sample(1)
-	chi2, dof := stattest.ChiSquareTwoSample(off, on)
-	limit := stattest.ChiSquareQuantile(dof, stattest.Z1e6)
-	t.Logf("%d categories, chi2 %.1f (limit %.1f for dof %d)", len(off), chi2, limit, dof)
-	if chi2 > limit {
-		t.Fatalf("the joint (first, second) token distribution changed with drafting: chi2 %.1f > %.1f\noff %v\non  %v", chi2, limit, off, on)
-	}
+	stattest.SameDistribution(t, sample(0), sample(1))
 }
