@@ -23,9 +23,10 @@
 #            step and a batch-64 decode step (6 layers), from ncu
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
-#   mtp      speculative decoding with the MTP layer (issue 19): greedy tokens on/off
-#            on every bundled model; demo-go's acceptance and single-stream speed
-#            on/off; time per output token of the synthetic rank model on/off
+#   mtp      speculative decoding with the MTP layer (issue 19), k in MTP_K (default
+#            "1 3"): greedy tokens on/off on every bundled model; demo-go's
+#            acceptance and single-stream speed on/off; time per output token of
+#            the synthetic rank model on/off
 #   ab       the decode step at context 2k, batch {1,4,16,64,128,256}, with each
 #            library of AB_LIBS ("name=path/libglmcuda.so ..."), alternated AB_REPS
 #            times (default 2) on this machine (and with AB_TTFT="2048 ..." the time
@@ -258,27 +259,31 @@ if want ab; then
 fi
 
 if want mtp; then
-  # Speculative decoding with the MTP layer (issue 19). Greedy tokens with
-  # drafting on and off must be identical on every bundled model; then the
-  # trained demo model's acceptance and single-stream speed on/off, and on the
-  # synthetic rank model (random MTP weights: drafts are rejected, so each step
-  # is a k = 1 verify step) the time per output token against plain decoding.
+  # Speculative decoding with the MTP layer (issue 19), for each k of MTP_K
+  # (default "1 3"). Greedy tokens with drafting on and off must be identical
+  # on every bundled model; then the trained demo model's acceptance and
+  # single-stream speed on/off, and on the synthetic rank model (random MTP
+  # weights: drafts are rejected, so each step is a k-draft verify step with
+  # its chained passes) the time per output token against plain decoding.
   GOP=$'package main\n\nimport (\n\t"fmt"\n\t"strings"\n)\n\nfunc main() {\n\tfor i := 0; i < 10; i++ {\n\t\tfmt.'
+  read -r -a MK <<<"${MTP_K:-1 3}"
+  spec_flags() { flag=(); [[ $1 == off ]] || flag=(--speculative mtp --draft-tokens "${1#k}"); }
   for m in tiny-f32 tiny-bf16g demo-go; do
-    for sp in off on; do
-      flag=(); [[ $sp == on ]] && flag=(--speculative mtp)
+    for sp in off "${MK[@]/#/k}"; do
+      spec_flags "$sp"
       src=(--prompt-ids 5,17,300,42,999,7); [[ $m == demo-go ]] && src=("$GOP")
       timeout "$T" "$G" generate --backend cuda "${flag[@]}" --model testdata/models/$m "${src[@]}" \
         --temperature 0 --max-tokens 200 --ignore-eos --json >"$LOG/gen-$m-mtp-$sp.json" 2>"$LOG/gen-$m-mtp-$sp.err" ||
         fail "generate mtp $sp $m FAIL ($(tail -1 "$LOG/gen-$m-mtp-$sp.err"))"
+      [[ $sp == off ]] && continue
+      if res=$(python3 scripts/compare_generations.py "$LOG/gen-$m-mtp-off.json" "$LOG/gen-$m-mtp-$sp.json" 2>&1); then
+        note "greedy mtp off/$sp $m: $res; $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("drafts accepted %d of %d" % (d.get("drafts_accepted",0), d.get("drafts_verified",0)))' "$LOG/gen-$m-mtp-$sp.json")"
+      else fail "greedy mtp off/$sp $m FAIL: $res"; fi
     done
-    if res=$(python3 scripts/compare_generations.py "$LOG/gen-$m-mtp-off.json" "$LOG/gen-$m-mtp-on.json" 2>&1); then
-      note "greedy mtp on/off $m: $res; $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("drafts accepted %d of %d" % (d.get("drafts_accepted",0), d.get("drafts_verified",0)))' "$LOG/gen-$m-mtp-on.json")"
-    else fail "greedy mtp on/off $m FAIL: $res"; fi
   done
   for rep in 1 2; do
-    for sp in off on; do
-      flag=(); [[ $sp == on ]] && flag=(--speculative mtp)
+    for sp in off "${MK[@]/#/k}"; do
+      spec_flags "$sp"
       timeout "$T" "$G" bench --backend cuda --model testdata/models/demo-go "${flag[@]}" --concurrency 1,8 --input-len 64 \
         --output-len 128 --requests 8 --warmup 1 --markdown >"$LOG/mtp-demo-$sp-$rep.md" 2>"$LOG/mtp-demo-$sp-$rep.err" ||
         fail "bench mtp demo $sp FAIL ($(tail -1 "$LOG/mtp-demo-$sp-$rep.err"))"

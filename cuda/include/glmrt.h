@@ -101,12 +101,14 @@ typedef struct glmrt_engine_options {
   int32_t disable_graphs;      /* 0: steps whose sequences all decode one token are captured
                                   once per batch-size bucket as CUDA graphs and replayed;
                                   1: every kernel is launched every step */
-  int32_t draft_tokens;        /* 0: no speculative decoding. 1: load the checkpoint's MTP layer
-                                  (num_nextn_predict_layers 1) as the draft model: a sequence may
-                                  verify one draft and propose one per step (docs/speculative.md;
-                                  chained drafts, > 1, are not supported yet). Needs
+  int32_t draft_tokens;        /* 0: no speculative decoding. 1 .. GLMRT_MAX_DRAFT_TOKENS: load
+                                  the checkpoint's MTP layer (num_nextn_predict_layers 1) as the
+                                  draft model: a sequence may verify up to draft_tokens drafts and
+                                  propose as many per step, the MTP layer chained on its own
+                                  output past the first (docs/speculative.md). Needs
                                   tensor_parallel 1, a MoE model and the real path
-                                  (exact_activations and fp32_cache_and_head 0) */
+                                  (exact_activations and fp32_cache_and_head 0); more than 1 needs
+                                  kv_block_size a multiple of 16 */
   int32_t reserved[3];         /* must be zero */
 } glmrt_engine_options;
 
@@ -130,6 +132,7 @@ typedef struct glmrt_info {
 } glmrt_info;
 
 #define GLMRT_MAX_TOP_LOGPROBS 20
+#define GLMRT_MAX_DRAFT_TOKENS 8
 
 /* Sampling parameters of one sequence (OpenAI/vLLM semantics, docs/engine.md). */
 typedef struct glmrt_sampling {

@@ -45,6 +45,9 @@ struct AddNormArgs {
   __nv_bfloat16* out_bf16 = nullptr;
   uint8_t* out_q = nullptr;
   float* out_scale = nullptr;
+  // With delta: normalise h + delta without storing the sum back into h (the
+  // MTP head, whose row_index may name one row several times).
+  bool keep_h = false;
 };
 cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st);
 
@@ -660,9 +663,11 @@ cudaError_t sample_rows(const SampleArgs& a, cudaStream_t st);
 // One sequence that samples and runs the draft model in a step: its logits
 // rows logit_row0 .. logit_row0 + n_drafts (sampled into SampleOut), the
 // token row of its first verify position tok_row0 (its drafts are the tokens
-// at rows tok_row0 + 1 .. tok_row0 + n_drafts).
+// at rows tok_row0 + 1 .. tok_row0 + n_drafts); for chained proposals, its
+// block table (bt_offset into the step's tables, bt_len blocks) and the drafts
+// it proposes.
 struct SpecSeq {
-  int logit_row0, n_drafts, tok_row0, pad;
+  int logit_row0, n_drafts, tok_row0, bt_offset, bt_len, propose, pad[2];
 };
 // Per SpecSeq i < *n (device; the launch covers cap >= it, so that a captured
 // graph serves any count): a = the accepted drafts (the longest prefix whose
@@ -679,6 +684,21 @@ cudaError_t spec_accept(const SampleOut* out, const SpecSeq* seqs, const int* n,
 cudaError_t mtp_input(const __nv_bfloat16* embed, int V, const int* next, const float* hid,
                       const float* enorm, const float* hnorm, int rows, int H, float eps,
                       __nv_bfloat16* out, cudaStream_t st);
+// Chained pass j >= 2 of the draft model: one row per entry i < cap, at
+// position positions[mtp_rows[i]] + j - 1 (the sequence's last valid position
+// v, found by spec_accept, plus j - 1), MTP input token prev[i] (draft j - 1)
+// and hidden input hid[i] = h[src] + delta[src], the previous pass's MTP
+// output (src = mtp_rows[i] for j == 2, else i). Writes the rows' positions,
+// KV slots and decode-attention entries (query row i over keys 0..p). An
+// entry i >= *n (padding of the captured pass), or one past its propose
+// count or its block table, gets slot -1 and no keys: it writes no KV.
+struct ChainRows {
+  int *pos, *slot, *dec_qrow, *dec_ctx, *dec_bt, *tok;
+};
+cudaError_t spec_chain_rows(const SpecSeq* seqs, const int* n, int cap, int j, const int* positions,
+                            const int* mtp_rows, const int* block_tables, int block_size,
+                            const float* h, const float* delta, int H, const int* prev, ChainRows out,
+                            float* hid, cudaStream_t st);
 // out[r] = argmax of x[r, 0:V) (ties: lowest id; NaN never wins; 0 if none).
 cudaError_t argmax_rows(const float* x, int64_t ld, int rows, int V, int* out, cudaStream_t st);
 

@@ -22,15 +22,17 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
     float v = h[c];
     if (d) {
       v += d[c];
-      h[c] = v;
+      if (!a.keep_h) h[c] = v;
     }
     ss += v * v;
   }
   ss = block_reduce(ss, scratch, SumOp());
   const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
+  // keep_h: the sum is recomputed (h was not written).
+  auto hv = [&](int c) { return (d && a.keep_h) ? h[c] + d[c] : h[c]; };
   float amax = 0.f;
   for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
-    const float y = a.weight[c] * (h[c] * r);
+    const float y = a.weight[c] * (hv(c) * r);
     if (a.out_f32) a.out_f32[(int64_t)i * a.hidden + c] = y;
     if (a.out_bf16) a.out_bf16[(int64_t)i * a.hidden + c] = __float2bfloat16_rn(y);
     amax = fmaxf(amax, fabsf(y));
@@ -39,7 +41,7 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
   amax = block_reduce(amax, scratch, MaxOp());
   const float s = fmaxf(amax / kFp8Max, kMinActScale);
   for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
-    const float y = a.weight[c] * (h[c] * r);
+    const float y = a.weight[c] * (hv(c) * r);
     a.out_q[(int64_t)i * a.hidden + c] = f32_to_e4m3(y / s);
   }
   if (threadIdx.x == 0) a.out_scale[i] = s;
@@ -146,7 +148,7 @@ __global__ void __launch_bounds__(kNormThreads) add_rmsnorm_vec_kernel(AddNormAr
         v[k].y = v[k].y + d[k].y;
         v[k].z = v[k].z + d[k].z;
         v[k].w = v[k].w + d[k].w;
-        h4[c] = v[k];
+        if (!a.keep_h) h4[c] = v[k];
       }
     }
   } else {

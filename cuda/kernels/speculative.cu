@@ -1,8 +1,8 @@
 // speculative.cu — the small kernels of speculative decoding with the MTP
 // layer (docs/speculative.md): the acceptance that tells the draft pass where
-// each sequence's valid positions end, the MTP layer's input rows, and the
-// drafts' argmax. The MTP decoder layer itself runs through the ordinary
-// attention and MoE kernels.
+// each sequence's valid positions end, the rows of the chained passes, the
+// MTP layer's input rows, and the drafts' argmax. The MTP decoder layer
+// itself runs through the ordinary attention and MoE kernels.
 #include <climits>
 
 #include "common.cuh"
@@ -32,6 +32,47 @@ __global__ void spec_accept_kernel(const SampleOut* __restrict__ out, const Spec
   const int row = s.tok_row0 + a;
   mtp_next[row] = (o.status == 0 && o.token >= 0) ? o.token : 0;
   mtp_rows[i] = row;
+}
+
+constexpr int kChainThreads = 256;
+
+// One block per entry: thread 0 writes the row's metadata, all threads its
+// hidden input.
+__global__ void __launch_bounds__(kChainThreads) spec_chain_rows_kernel(
+    const SpecSeq* __restrict__ seqs, const int* __restrict__ n, int j, const int* __restrict__ positions,
+    const int* __restrict__ mtp_rows, const int* __restrict__ block_tables, int block_size,
+    const float* __restrict__ h, const float* __restrict__ delta, int H, const int* __restrict__ prev,
+    ChainRows out, float* __restrict__ hid) {
+  const int i = blockIdx.x;
+  const bool real = i < *n;
+  float* dst = hid + (int64_t)i * H;
+  if (!real) {
+    for (int c = threadIdx.x; c < H; c += blockDim.x) dst[c] = 0.f;
+  } else {
+    const int src = j == 2 ? mtp_rows[i] : i;
+    const float* hs = h + (int64_t)src * H;
+    const float* ds = delta + (int64_t)src * H;
+    for (int c = threadIdx.x; c < H; c += blockDim.x) dst[c] = hs[c] + ds[c];
+  }
+  if (threadIdx.x != 0) return;
+  out.dec_qrow[i] = i;
+  if (!real) {
+    out.pos[i] = 0;
+    out.slot[i] = -1;
+    out.dec_ctx[i] = 0;
+    out.dec_bt[i] = 0;
+    out.tok[i] = 0;
+    return;
+  }
+  const SpecSeq s = seqs[i];
+  const int p = positions[mtp_rows[i]] + j - 1;
+  const int blk = p / block_size;
+  const bool ok = j <= s.propose && blk < s.bt_len;
+  out.pos[i] = p;
+  out.slot[i] = ok ? block_tables[s.bt_offset + blk] * block_size + p % block_size : -1;
+  out.dec_ctx[i] = ok ? p + 1 : 0;
+  out.dec_bt[i] = s.bt_offset;
+  out.tok[i] = prev[i];
 }
 
 constexpr int kInputThreads = 256;
@@ -110,6 +151,17 @@ cudaError_t spec_accept(const SampleOut* out, const SpecSeq* seqs, const int* n,
                         const int* tokens, int* mtp_next, int* mtp_rows, cudaStream_t st) {
   if (cap <= 0) return cudaSuccess;
   spec_accept_kernel<<<(cap + 127) / 128, 128, 0, st>>>(out, seqs, n, cap, tokens, mtp_next, mtp_rows);
+  return cudaGetLastError();
+}
+
+cudaError_t spec_chain_rows(const SpecSeq* seqs, const int* n, int cap, int j, const int* positions,
+                            const int* mtp_rows, const int* block_tables, int block_size,
+                            const float* h, const float* delta, int H, const int* prev, ChainRows out,
+                            float* hid, cudaStream_t st) {
+  if (cap <= 0) return cudaSuccess;
+  if (j < 2 || H <= 0 || block_size <= 0) return cudaErrorInvalidValue;
+  spec_chain_rows_kernel<<<cap, kChainThreads, 0, st>>>(seqs, n, j, positions, mtp_rows, block_tables,
+                                                        block_size, h, delta, H, prev, out, hid);
   return cudaGetLastError();
 }
 

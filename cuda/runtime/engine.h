@@ -141,7 +141,7 @@ struct Rank {
   // The draft pass (draft_tokens > 0).
   float* mtp_hid = nullptr;              // [T, H] the target's final-normed rows (h_i)
   __nv_bfloat16* mtp_cat = nullptr;      // [T, 2H] [enorm(embed(next)) ; hnorm(h_i)]
-  int* mtp_draft = nullptr;              // [max_seqs] the proposals
+  int* mtp_draft = nullptr;              // [draft_k][max_seqs] the proposals, pass by pass
 };
 
 struct Dims {  // derived per-rank sizes
@@ -167,6 +167,9 @@ struct MetaLayout {
   // pass finds them at fixed addresses.
   size_t mtp_next;                      // [max_tokens]
   size_t spec, n_spec, mtp_rows;        // [max_seqs], [1], [max_seqs]
+  // The chained passes (draft_k > 1): their rows' positions, KV slots,
+  // decode entries and MTP input tokens, written on the GPU (spec_chain_rows).
+  size_t chain_pos, chain_slot, chain_dq, chain_dc, chain_db, chain_tok;  // [max_seqs] each
   size_t bt;                            // [max_seqs * max_blocks_per_seq]
   size_t b_begin;                       // region B starts here
   size_t total;
@@ -248,6 +251,7 @@ struct Engine {
   std::vector<StepGraph> step_graphs;       // one per bucket
   std::vector<StepGraph> prof_graphs;       // profiling variants (events inside)
   std::vector<StepGraph> draft_graphs;      // the draft pass of a graph step, per bucket
+  std::vector<StepGraph> chain_graphs;      // the chained draft passes, per bucket of proposers and pass count
   Profiler prof;
   PendingStep* pending = nullptr;  // step_state_create; its `active` is set between begin and finish
 };

@@ -116,8 +116,8 @@ int check_config(Engine& e) {
       e.max_tokens);
   REQ(o.max_penalty_entries >= 0, "options: max_penalty_entries must be >= 0");
   e.max_pen = o.max_penalty_entries == 0 ? e.max_seqs * 4096 : o.max_penalty_entries;
-  REQ(o.draft_tokens == 0 || o.draft_tokens == 1,
-      "options: draft_tokens %d: this runtime drafts 0 or 1 token per step", o.draft_tokens);
+  REQ(o.draft_tokens >= 0 && o.draft_tokens <= GLMRT_MAX_DRAFT_TOKENS,
+      "options: draft_tokens %d must be in 0..%d", o.draft_tokens, GLMRT_MAX_DRAFT_TOKENS);
   e.draft_k = o.draft_tokens;
   if (e.draft_k > 0) {
     REQ(c.num_nextn_predict_layers == 1,
@@ -128,6 +128,11 @@ int check_config(Engine& e) {
         e.tp);
     REQ(!e.exact && !e.f32kv,
         "options: draft_tokens needs the real path (exact_activations and fp32_cache_and_head 0)");
+    // Chained passes run their rows through attention_decode (step.cu's
+    // decode_kernel_ok; the group bound is checked below, with the heads).
+    REQ(e.draft_k == 1 || e.block_size % 16 == 0,
+        "options: draft_tokens %d (chained drafts) needs kv_block_size a multiple of 16, not %d",
+        e.draft_k, e.block_size);
   }
   e.max_logit_rows = e.max_seqs * (1 + e.draft_k);
   // Verify row j of a sequence holds its history plus its first j drafts.
@@ -168,6 +173,11 @@ int check_config(Engine& e) {
                                 : 0;
   e.pf_ws_bytes = glmk::attention_prefill_workspace_bytes(e.pf_max_parts, d.nkv_l);
   e.sample_chunk = std::min(e.max_seqs, 32);
+  if (e.draft_k > 1 && d.nq / d.nkv > glmk::kDecodeMaxGroup)
+    return fail(GLMRT_ERR_INVALID,
+                "options: draft_tokens %d (chained drafts) needs at most %d query heads per KV head "
+                "(attention_decode), not %d",
+                e.draft_k, glmk::kDecodeMaxGroup, d.nq / d.nkv);
   return GLMRT_OK;
 }
 
@@ -305,7 +315,7 @@ int alloc_workspaces(Engine& e, Rank& r) {
   if (e.draft_k > 0) {
     GLMRT_TRY(A(&r.mtp_hid, T * d.H, "MTP hidden inputs"));
     GLMRT_TRY(A(&r.mtp_cat, T * 2 * d.H, "MTP projection inputs"));
-    GLMRT_TRY(A(&r.mtp_draft, S, "MTP proposals"));
+    GLMRT_TRY(A(&r.mtp_draft, S * e.draft_k, "MTP proposals"));
   }
   GLMRT_TRY(A(&r.meta, e.meta_bytes, "step metadata"));
   if (r.index == 0 && d.E > 0) GLMRT_TRY(A(&r.prof_active, (size_t)d.L + 1, "profile expert counts"));
@@ -393,7 +403,8 @@ int create_engine(Engine& e) {
                 e.opt.device, e.opt.device + e.tp - 1, ndev);
   plan_meta_layout(e);
   e.result_bytes = al(e.max_logit_rows * sizeof(glmk::SampleOut)) +
-                   al((size_t)e.max_logit_rows * glmk::kMaxTop * 4) * 2 + al((size_t)e.max_seqs * 4);
+                   al((size_t)e.max_logit_rows * glmk::kMaxTop * 4) * 2 +
+                   al((size_t)e.max_seqs * std::max(1, e.draft_k) * 4);  // proposals
   e.ranks.resize(e.tp);
   std::vector<int> devices;
   for (int i = 0; i < e.tp; ++i) {
@@ -491,6 +502,7 @@ int create_engine(Engine& e) {
   e.step_graphs.assign(e.buckets.size(), StepGraph{});
   e.prof_graphs.assign(e.buckets.size(), StepGraph{});
   e.draft_graphs.assign(e.buckets.size(), StepGraph{});
+  e.chain_graphs.assign(e.buckets.size() * std::max(0, e.draft_k - 1), StepGraph{});  // per bucket, pass count
   e.attn_seqs.reserve(e.max_seqs);
   e.attn_seq_index.reserve(e.max_seqs);
   e.attn_items.resize(e.max_items);

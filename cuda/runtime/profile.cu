@@ -114,7 +114,7 @@ int profile_end(Engine& e, const int64_t* bytes) {
 void profile_destroy(Engine& e) {
   for (cudaEvent_t ev : e.prof.pool) cudaEventDestroy(ev);
   e.prof.pool.clear();
-  for (auto* gs : {&e.step_graphs, &e.prof_graphs, &e.draft_graphs}) {
+  for (auto* gs : {&e.step_graphs, &e.prof_graphs, &e.draft_graphs, &e.chain_graphs}) {
     for (StepGraph& g : *gs) {
       if (g.exec) cudaGraphExecDestroy(g.exec);
       for (cudaEvent_t ev : g.events) cudaEventDestroy(ev);

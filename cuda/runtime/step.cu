@@ -18,9 +18,17 @@ namespace {
 constexpr size_t kAlign = 256;
 size_t al(size_t x) { return (x + kAlign - 1) & ~(kAlign - 1); }
 
+// Where the per-row arrays a forward reads lie in region A: the step's own
+// (e.ml.positions ...), or those of a chained draft pass (e.ml.chain_*).
+struct RowMeta {
+  size_t positions = 0, slots = 0, dec_qrow = 0, dec_ctx = 0, dec_bt = 0;
+  size_t n_valid = 0;  // real rows of a padded pass (read when graph)
+};
+
 // What one step is, beyond the fixed region-A layout (e.ml): counts, the
 // region-B offsets, and how attention runs.
 struct Meta {
+  RowMeta rm;
   int T = 0, S = 0;   // real tokens and sequences
   int rows = 0;       // rows the forward runs: T, or the graph bucket (T padded)
   // Rows every launch-shape choice is made for (GEMM path and split-K, the
@@ -42,6 +50,7 @@ struct Meta {
   // proposing for n_spec sequences (its arrays: MetaLayout).
   bool mtp_pass = false;
   int n_spec = 0;
+  int max_propose = 0;  // the most drafts a sequence proposes: the passes the draft model runs
   int64_t kv_read_tokens = 0;       // sum over sequences of keys attended (profiling bytes)
   // Per sampler chunk: [begin, end) of its penalty entries and sort segments.
   int chunk_pen[2 * 1024 + 2];
@@ -271,6 +280,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   m.graph = m.bucket >= 0;
   m.rows = m.graph ? e.buckets[m.bucket] : m.T;
   m.policy_rows = bucket_rows(e, m.rows);
+  m.rm = RowMeta{L.positions, L.slots, L.dec_qrow, L.dec_ctx, L.dec_bt, L.n_valid};
   unsigned char* H = e.meta_host;
   int* tok = at<int>(H, L.tokens);
   int* pos = at<int>(H, L.positions);
@@ -321,7 +331,8 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
       const int nv = q.sample ? q.n_drafts : 0;
       e.seq_logit_row0[s] = (int)e.logits_seq.size();
       if (q.draft && q.sample) {
-        e.spec_seqs.push_back(glmk::SpecSeq{(int)e.logits_seq.size(), nv, t - 1 - nv, 0});
+        e.spec_seqs.push_back(glmk::SpecSeq{(int)e.logits_seq.size(), nv, t - 1 - nv, q.block_table_offset,
+                                            q.block_table_len, q.propose, {0, 0}});
         e.spec_seq_index.push_back(s);
       }
       for (int j = 0; j <= nv; ++j) {
@@ -334,6 +345,8 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   }
   m.n_logits = (int)e.logits_seq.size();
   m.n_spec = (int)e.spec_seqs.size();
+  m.max_propose = 0;
+  for (const glmk::SpecSeq& q : e.spec_seqs) m.max_propose = std::max(m.max_propose, q.propose);
   if (m.graph) {
     // Padding rows: token 0 at position 0, no KV write, no keys, own logits row.
     for (int r = m.T; r < m.rows; ++r) {
@@ -720,8 +733,8 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   q.k_norm = L.k_norm;
   q.eps = e.cfg.rms_norm_eps;
   q.inv_freq = r.inv_freq;
-  q.positions = at<int>(M, ML.positions);
-  q.slots = at<int>(M, ML.slots);
+  q.positions = at<int>(M, m.rm.positions);
+  q.slots = at<int>(M, m.rm.slots);
   q.block_size = e.block_size;
   q.q_out = r.q;
   q.k_cache = L.k_cache;
@@ -745,9 +758,9 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     a.n_kv_heads = d.nkv_l;
     a.scale = scale;
     a.n_seqs = m.n_dec;
-    a.q_row = at<int>(M, ML.dec_qrow);
-    a.ctx_len = at<int>(M, ML.dec_ctx);
-    a.bt_offset = at<int>(M, ML.dec_bt);
+    a.q_row = at<int>(M, m.rm.dec_qrow);
+    a.ctx_len = at<int>(M, m.rm.dec_ctx);
+    a.bt_offset = at<int>(M, m.rm.dec_bt);
     a.block_tables = at<int>(M, ML.bt);
     a.max_splits = m.dec_splits;
     a.out = r.attn;
@@ -775,7 +788,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     a.n_q_heads = d.nq_l;
     a.n_kv_heads = d.nkv_l;
     a.scale = scale;
-    a.positions = at<int>(M, ML.positions);
+    a.positions = at<int>(M, m.rm.positions);
     a.seq_bt_offset = at<int>(M, ML.bt_off);
     a.block_tables = at<int>(M, ML.bt);
     a.items = at<glmk::PrefillItem>(M, m.items);
@@ -796,7 +809,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     a.n_q_heads = d.nq_l;
     a.n_kv_heads = d.nkv_l;
     a.scale = scale;
-    a.positions = at<int>(M, ML.positions);
+    a.positions = at<int>(M, m.rm.positions);
     a.seq_bt_offset = at<int>(M, ML.bt_off);
     a.block_tables = at<int>(M, ML.bt);
     a.items = at<glmk::AttnItem>(M, m.items);
@@ -874,7 +887,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   ra.slots = d.slots;
   ra.ids = r.topk_ids;
   ra.w = r.topk_w;
-  ra.n_valid = m.graph ? at<int>(r.meta, e.ml.n_valid) : nullptr;
+  ra.n_valid = m.graph ? at<int>(r.meta, m.rm.n_valid) : nullptr;
   if (!e.exact && glmk::router_fused_supported(m.policy_rows, d.E, d.H)) {
     glmk::RouterFusedArgs rf;
     rf.sel = ra;
@@ -1119,8 +1132,33 @@ int forward(Engine& e, const Meta& m) {
 // read row 0), so that one captured pass serves any count.
 int draft_head_rows(const Meta& m) { return m.graph ? m.rows : m.n_spec; }
 
-// The draft pass (docs/speculative.md, steps 3 and 4), after the sampler on
-// GPU 0's stream: spec_accept finds each drafting sequence's last valid row
+// The draft model's head on rows of the MTP layer's output (h + delta, not
+// stored back: row_index names row 0 for every padding entry):
+// shared_head.norm, the shared lm_head, argmax into out.
+int draft_head(Engine& e, Rank& r, int rows, const int* row_index, int* out) {
+  const Dims& d = e.d;
+  glmk::AddNormArgs n;
+  n.h = r.h;
+  n.delta = r.delta;
+  n.keep_h = true;
+  n.weight = r.mtp_head_norm;
+  n.rows = rows;
+  n.hidden = d.H;
+  n.eps = e.cfg.rms_norm_eps;
+  n.row_index = row_index;
+  n.out_bf16 = r.final_bf16;
+  KCHECK(glmk::add_rmsnorm(n, r.stream), "draft pass: shared_head.norm");
+  PROF(GLMRT_PROF_NORM);
+  std::string err = glmk::gemm_bf16_nt(r.cublas, r.final_bf16, r.lm_head, r.logits_local, rows, d.V_l, d.H, r.stream);
+  if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: draft pass: lm_head: %s", r.device, err.c_str());
+  PROF(GLMRT_PROF_LM_HEAD);
+  KCHECK(glmk::argmax_rows(r.logits_local, d.V_l, rows, d.V_l, out, r.stream), "draft pass: argmax");
+  PROF(GLMRT_PROF_SAMPLING);
+  return GLMRT_OK;
+}
+
+// The draft pass (docs/speculative.md, step 3 and step 4's first proposal),
+// after the sampler on GPU 0's stream: spec_accept finds each drafting sequence's last valid row
 // and gives it the sampled token as its MTP input; the MTP layer then runs
 // over every row of the step (its KV entries follow the target's positions;
 // rows past a rejection write entries beyond the valid positions, overwritten
@@ -1154,57 +1192,115 @@ int draft_forward(Engine& e, Rank& r, const Meta& m) {
   GLMRT_TRY(attention_block(e, r, d.L, m));
   GLMRT_TRY(mlp_block(e, r, d.L, m));
   if (head == 0) return GLMRT_OK;  // prefill chunks only: the MTP cache is all this step needs
-  glmk::AddNormArgs n;
-  n.h = r.h;
-  n.delta = r.delta;
-  n.weight = r.mtp_head_norm;
-  n.rows = head;
-  n.hidden = d.H;
-  n.eps = e.cfg.rms_norm_eps;
-  n.row_index = draft_rows;
-  n.out_bf16 = r.final_bf16;
-  KCHECK(glmk::add_rmsnorm(n, r.stream), "draft pass: shared_head.norm");
-  PROF(GLMRT_PROF_NORM);
-  err = glmk::gemm_bf16_nt(r.cublas, r.final_bf16, r.lm_head, r.logits_local, head, d.V_l, d.H, r.stream);
-  if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: draft pass: lm_head: %s", r.device, err.c_str());
-  PROF(GLMRT_PROF_LM_HEAD);
-  KCHECK(glmk::argmax_rows(r.logits_local, d.V_l, head, d.V_l, r.mtp_draft, r.stream), "draft pass: argmax");
-  PROF(GLMRT_PROF_SAMPLING);
+  return draft_head(e, r, head, draft_rows, r.mtp_draft);
+}
+
+// Chained passes j = 2 .. P (docs/speculative.md, step 4): one row per
+// proposing sequence at position v + j - 1 on (draft j - 1, the MTP output of
+// pass j - 1), its positions, slots and decode entries written on the GPU by
+// spec_chain_rows (v is known only after acceptance). Always R =
+// bucket_rows(n_spec) rows (padding entries write no KV and route no
+// tokens), so the eager and the captured form run the same launch shapes;
+// rows past a sequence's propose count are computed and ignored.
+int chain_forward(Engine& e, Rank& r, const Meta& m, int R, int P) {
+  const Dims& d = e.d;
+  unsigned char* M = r.meta;
+  const MetaLayout& ML = e.ml;
+  Meta c;
+  c.rm = RowMeta{ML.chain_pos, ML.chain_slot, ML.chain_dq, ML.chain_dc, ML.chain_db, ML.n_spec};
+  c.T = c.S = m.n_spec;
+  c.rows = R;
+  c.policy_rows = bucket_rows(e, R);
+  c.graph = true;  // padded: the router reads the real count (n_spec)
+  c.n_dec = R;
+  c.dec_splits = glmk::decode_attention_splits(c.policy_rows, d.nkv_l, r.num_sms);
+  c.dec_quant = d.nkv_l == 1;
+  glmk::ChainRows cr{at<int>(M, ML.chain_pos), at<int>(M, ML.chain_slot), at<int>(M, ML.chain_dq),
+                     at<int>(M, ML.chain_dc),  at<int>(M, ML.chain_db),   at<int>(M, ML.chain_tok)};
+  const int S = e.max_seqs;
+  for (int j = 2; j <= P; ++j) {
+    KCHECK(glmk::spec_chain_rows(at<glmk::SpecSeq>(M, ML.spec), at<int>(M, ML.n_spec), R, j,
+                                 at<int>(M, ML.positions), at<int>(M, ML.mtp_rows), at<int>(M, ML.bt),
+                                 e.block_size, r.h, r.delta, d.H, r.mtp_draft + (size_t)(j - 2) * S, cr,
+                                 r.mtp_hid, r.stream),
+           "chained draft pass %d: spec_chain_rows (%d rows)", j, R);
+    PROF(GLMRT_PROF_SAMPLING);
+    KCHECK(glmk::mtp_input(r.embed, d.V, cr.tok, r.mtp_hid, r.mtp_enorm, r.mtp_hnorm, R, d.H,
+                           e.cfg.rms_norm_eps, r.mtp_cat, r.stream),
+           "chained draft pass %d: mtp_input (%d rows)", j, R);
+    PROF(GLMRT_PROF_NORM);
+    std::string err = glmk::gemm_bf16_nt(r.cublas, r.mtp_cat, r.mtp_eh_proj, r.h, R, d.H, 2 * d.H, r.stream);
+    if (!err.empty())
+      return fail(GLMRT_ERR_CUDA, "GPU %d: chained draft pass %d: eh_proj: %s", r.device, j, err.c_str());
+    PROF(GLMRT_PROF_LM_HEAD);
+    GLMRT_TRY(attention_block(e, r, d.L, c));
+    GLMRT_TRY(mlp_block(e, r, d.L, c));
+    GLMRT_TRY(draft_head(e, r, R, nullptr, r.mtp_draft + (size_t)(j - 1) * S));
+  }
   return GLMRT_OK;
 }
 
-// The draft pass of a step and the copy of its proposals into drafts_h
-// (pinned; they land at the step's wait). The pass of a graph step is itself
-// captured per bucket (on the bucket's second draft pass, as the step graphs)
-// and replayed, which spares the host its ~15 launches per step; the step
-// time did not change measurably with it (H200, batch 1-8: its time is its
-// kernels). Not while profiling (events between launches).
-int draft_pass(Engine& e, Rank& r, const Meta& m, int* drafts_h) {
-  StepGraph* g = (m.graph && !e.prof.on) ? &e.draft_graphs[m.bucket] : nullptr;
+// Runs fwd on r.stream: replayed from g when captured, captured into g on its
+// second use (as the step graphs), else launched eagerly (g null: never).
+template <typename F>
+int run_graphed(Rank& r, StepGraph* g, const char* what, F&& fwd) {
   if (g && !g->exec && g->seen++ >= 1) {
+    const std::string w = std::string(" (") + what + ")";
     GLMRT_CUDA(cudaStreamBeginCapture(r.stream, cudaStreamCaptureModeThreadLocal),
-               "begin CUDA graph capture (draft pass)");
-    const int rc = draft_forward(e, r, m);
+               ("begin CUDA graph capture" + w).c_str());
+    const int rc = fwd();
     cudaGraph_t graph = nullptr;
     const cudaError_t ce = cudaStreamEndCapture(r.stream, &graph);
     if (rc != GLMRT_OK) {
       if (graph) cudaGraphDestroy(graph);
       return rc;
     }
-    GLMRT_TRY(check_cuda(ce, "end CUDA graph capture (draft pass)"));
+    GLMRT_TRY(check_cuda(ce, ("end CUDA graph capture" + w).c_str()));
     const cudaError_t ie = cudaGraphInstantiate(&g->exec, graph, 0);
     cudaGraphDestroy(graph);
-    GLMRT_TRY(check_cuda(ie, "instantiate the draft-pass graph"));
+    GLMRT_TRY(check_cuda(ie, ("instantiate the graph" + w).c_str()));
   }
-  if (g && g->exec)
-    KCHECK(cudaGraphLaunch(g->exec, r.stream), "launch the draft-pass graph (%d rows)", m.rows);
-  else
-    GLMRT_TRY(draft_forward(e, r, m));
-  if (m.n_spec > 0) {
-    KCHECK(cudaMemcpyAsync(drafts_h, r.mtp_draft, (size_t)m.n_spec * 4, cudaMemcpyDeviceToHost, r.stream),
-           "draft pass: copy the proposals");
-    PROF(GLMRT_PROF_COPY);
+  if (g && g->exec) {
+    KCHECK(cudaGraphLaunch(g->exec, r.stream), "launch the graph of the %s", what);
+    return GLMRT_OK;
   }
+  return fwd();
+}
+
+// The index of bucket n in e.buckets, or -1.
+int bucket_index(const Engine& e, int n) {
+  for (size_t i = 0; i < e.buckets.size(); ++i)
+    if (e.buckets[i] == n) return (int)i;
+  return -1;
+}
+
+// The draft pass of a step, its chained passes (P > 1) and the copy of its
+// proposals into drafts_h (pinned; they land at the step's wait). The pass of
+// a graph step is itself captured per bucket (on the bucket's second draft
+// pass, as the step graphs) and replayed, which spares the host its ~15
+// launches per step; the step time did not change measurably with it (H200,
+// batch 1-8: its time is its kernels). The chained passes (~15 launches each)
+// are captured likewise. Not while profiling (events between launches).
+int draft_pass(Engine& e, Rank& r, const Meta& m, int* drafts_h) {
+  StepGraph* g = (m.graph && !e.prof.on) ? &e.draft_graphs[m.bucket] : nullptr;
+  GLMRT_TRY(run_graphed(r, g, "draft pass", [&] { return draft_forward(e, r, m); }));
+  if (m.n_spec == 0) return GLMRT_OK;
+  const int P = m.max_propose;
+  if (P > 1) {
+    // The chained passes, graphed by the count of proposing sequences and of
+    // passes (any step's: they read only region A and the draft pass's
+    // outputs).
+    const int R = bucket_rows(e, m.n_spec);
+    const int cb = bucket_index(e, R);
+    StepGraph* cg = (e.graphs && !e.prof.on && cb >= 0) ? &e.chain_graphs[(size_t)cb * (e.draft_k - 1) + P - 2]
+                                                        : nullptr;
+    GLMRT_TRY(run_graphed(r, cg, "chained draft passes", [&] { return chain_forward(e, r, m, R, P); }));
+  }
+  // Pass j's proposals are row j - 1 of mtp_draft (max_seqs wide).
+  const size_t n = (size_t)(std::max(P, 1) - 1) * e.max_seqs + m.n_spec;
+  KCHECK(cudaMemcpyAsync(drafts_h, r.mtp_draft, n * 4, cudaMemcpyDeviceToHost, r.stream),
+         "draft pass: copy the proposals");
+  PROF(GLMRT_PROF_COPY);
   return GLMRT_OK;
 }
 
@@ -1307,6 +1403,9 @@ void plan_meta_layout(Engine& e) {
   L.spec = take(drafts ? S * sizeof(glmk::SpecSeq) : 0);
   L.n_spec = take(drafts ? 4 : 0);
   L.mtp_rows = take(drafts ? S * 4 : 0);
+  const bool chained = e.draft_k > 1;
+  for (size_t* a : {&L.chain_pos, &L.chain_slot, &L.chain_dq, &L.chain_dc, &L.chain_db, &L.chain_tok})
+    *a = take(chained ? S * 4 : 0);
   L.bt = take(S * (size_t)e.max_blocks_per_seq * 4);
   L.b_begin = off;
   // The prefill attention plan: attention_prefill's items, or attention_paged's
@@ -1563,8 +1662,9 @@ static int step_finish_checked(Engine& e, const uint32_t* token_masks, glmrt_res
   }
   for (int i = 0; i < m.n_spec; ++i) {
     const int s = e.spec_seq_index[i];
-    if (seqs[s].propose > 0 && (!res.sample_status || res.sample_status[s] == GLMRT_SAMPLE_OK))
-      res.drafts[(size_t)s * dstride] = drafts_h[i];
+    if (!res.sample_status || res.sample_status[s] == GLMRT_SAMPLE_OK)
+      for (int j = 0; j < seqs[s].propose; ++j)
+        res.drafts[(size_t)s * dstride + j] = drafts_h[(size_t)j * e.max_seqs + i];
   }
   return GLMRT_OK;
 }

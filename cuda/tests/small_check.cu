@@ -1,7 +1,8 @@
 // small_check — correctness and speed of the small decode kernels of
-// cuda/kernels (norm_rope.cu, moe.cu, quant.cu, embed.cu): add_rmsnorm,
-// qk_norm_rope_kv_write, router_topk / router_fused / moe_align, moe_combine,
-// quant_rows_fp8, silu_mul_quant_fp8, embed_gather.
+// cuda/kernels (norm_rope.cu, moe.cu, quant.cu, embed.cu, speculative.cu):
+// add_rmsnorm, qk_norm_rope_kv_write, router_topk / router_fused / moe_align,
+// moe_combine, quant_rows_fp8, silu_mul_quant_fp8, embed_gather,
+// spec_chain_rows.
 //
 //   small_check [--seed N] [--bench] [--bench-only]
 //
@@ -495,6 +496,10 @@ static void check_norm(int H, int rows) {
   Dev<float> dd(d), dw(w);
   std::vector<int> idx = {rows - 1, 0, rows / 2};
   Dev<int> didx(idx);
+  // keep_h (h not written): a row may be named several times (the MTP head's
+  // padding entries all name row 0).
+  std::vector<int> idx_rep = {0, rows - 1, 0, rows / 2, 0, 0};
+  Dev<int> didx_rep(idx_rep);
   const size_t n = (size_t)rows * H;
 
   for (int use_delta = 1; use_delta >= 0; --use_delta) {
@@ -587,12 +592,15 @@ static void check_norm(int H, int rows) {
                                             dname, dq_, dh_, dy_),
              (double)(dq_ + dh_ * n) / n, 1e-4);
     }
-    // Every other output combination, with and without row_index: bitwise the
-    // reference run's rows; outputs not asked for untouched.
+    // Every other output combination, with and without row_index, with and
+    // without keep_h: bitwise the reference run's rows; outputs not asked for
+    // untouched.
     size_t bad = 0, runs = 0;
     for (int mask = 1; mask < 8; ++mask) {
-      for (int indexed = 0; indexed < 2; ++indexed) {
-        const int R = indexed ? (int)idx.size() : rows;
+      for (int variant = 0; variant < 4; ++variant) {
+        const int indexed = variant & 1, keep = variant >> 1;
+        const std::vector<int>& ix = keep ? idx_rep : idx;
+        const int R = indexed ? (int)ix.size() : rows;
         const size_t m = (size_t)R * H;
         Dev<float> h2(h0), y2(m), s2(R);
         Dev<uint16_t> b2(m);
@@ -604,7 +612,8 @@ static void check_norm(int H, int rows) {
         AddNormArgs c = a;
         c.h = h2.p;
         c.rows = R;
-        c.row_index = indexed ? didx.p : nullptr;
+        c.row_index = indexed ? (keep ? didx_rep.p : didx.p) : nullptr;
+        c.keep_h = keep != 0;
         c.out_f32 = (mask & 1) ? y2.p : nullptr;
         c.out_bf16 = (mask & 2) ? (__nv_bfloat16*)b2.p : nullptr;
         c.out_q = (mask & 4) ? q2.p : nullptr;
@@ -618,7 +627,7 @@ static void check_norm(int H, int rows) {
         const auto hs = s2.down();
         const auto hh = h2.down();
         for (int i = 0; i < R; ++i) {
-          const int src = indexed ? idx[i] : i;
+          const int src = indexed ? ix[i] : i;
           for (int cc = 0; cc < H; ++cc) {
             const size_t o = (size_t)i * H + cc, g = (size_t)src * H + cc;
             bad += (mask & 1) ? fbits(hy[o]) != fbits(gy[g]) : !std::isnan(hy[o]);
@@ -627,9 +636,10 @@ static void check_norm(int H, int rows) {
           }
           bad += (mask & 4) ? fbits(hs[i]) != fbits(gs[src]) : !std::isnan(hs[i]);
         }
-        // The residual: rows named (all rows when not indexed) updated, the rest as before.
-        std::vector<bool> named(rows, !indexed);
-        for (int i : idx) named[i] = named[i] || indexed;
+        // The residual: rows named (all rows when not indexed) updated, the
+        // rest as before; with keep_h every row as before.
+        std::vector<bool> named(rows, !indexed && !keep);
+        for (int i : ix) named[i] = named[i] || (indexed && !keep);
         for (int r = 0; r < rows; ++r)
           for (int cc = 0; cc < H; ++cc) {
             const size_t g = (size_t)r * H + cc;
@@ -637,7 +647,7 @@ static void check_norm(int H, int rows) {
           }
       }
     }
-    report_exact("add_rmsnorm outputs", fmt("H=%d %s: %zu runs (7 output sets x row_index), %zu differ",
+    report_exact("add_rmsnorm outputs", fmt("H=%d %s: %zu runs (7 output sets x row_index x keep_h), %zu differ",
                                            H, dname, runs, bad),
                  bad);
   }
@@ -1766,6 +1776,70 @@ static void bench(cublasHandle_t cb) {
   }
 }
 
+// ------------------------------------------------------------ spec_chain_rows
+
+// The rows of chained draft passes j = 2, 3 against a CPU statement of the
+// rule (kernels.h): positions from the last valid row, slots through the
+// block table, no KV and no keys for padding entries and for entries past
+// their propose count or their table, hidden inputs h + delta of the source
+// row (bit-exact: one float add).
+static void check_spec_chain_rows() {
+  const int H = 520, bs = 16, cap = 8, n = 5, T = 24;
+  std::vector<int> positions(T), mtp_rows(cap, 0), prev(cap), bt(64);
+  for (int t = 0; t < T; ++t) positions[t] = 100 + 7 * t;
+  for (int b = 0; b < 64; ++b) bt[b] = (b * 37 + 11) % 97;
+  // Entry 2's table ends at its last valid position's block; entry 3 proposes
+  // only 2 drafts.
+  std::vector<glmk::SpecSeq> seqs(cap);
+  for (int i = 0; i < n; ++i) {
+    const int row = 3 * i + (i % 2);
+    mtp_rows[i] = row;
+    const int p = positions[row];
+    seqs[i] = glmk::SpecSeq{0, 0, row, 8 * i, p / bs + (i == 2 ? 1 : 2), i == 3 ? 2 : 3, {0, 0}};
+    prev[i] = 1000 + i;
+  }
+  std::vector<float> h((size_t)T * H), d((size_t)T * H);
+  for (auto& v : h) v = randn();
+  for (auto& v : d) v = randn();
+  Dev<glmk::SpecSeq> dseqs(cap);
+  dseqs.up(seqs);
+  Dev<int> dn(std::vector<int>{n}), dpos(positions), drows(mtp_rows), dbt(bt), dprev(prev);
+  Dev<float> dh(h), dd(d), dhid((size_t)cap * H);
+  Dev<int> opos(cap), oslot(cap), oq(cap), oc(cap), ob(cap), otok(cap);
+  size_t bad = 0;
+  for (int j = 2; j <= 3; ++j) {
+    for (Dev<int>* o : {&opos, &oslot, &oq, &oc, &ob, &otok}) o->poison();
+    dhid.poison();
+    glmk::ChainRows out{opos.p, oslot.p, oq.p, oc.p, ob.p, otok.p};
+    CK(glmk::spec_chain_rows(dseqs.p, dn.p, cap, j, dpos.p, drows.p, dbt.p, bs, dh.p, dd.p, H, dprev.p, out,
+                             dhid.p, 0));
+    CK(cudaDeviceSynchronize());
+    const auto gp = opos.down(), gs = oslot.down(), gq = oq.down(), gc = oc.down(), gb = ob.down(),
+               gt = otok.down();
+    const auto gh = dhid.down();
+    for (int i = 0; i < cap; ++i) {
+      int ep = 0, es = -1, ec = 0, eb = 0, et = 0;
+      if (i < n) {
+        const glmk::SpecSeq& q = seqs[i];
+        ep = positions[mtp_rows[i]] + j - 1;
+        const bool ok = j <= q.propose && ep / bs < q.bt_len;
+        es = ok ? bt[q.bt_offset + ep / bs] * bs + ep % bs : -1;
+        ec = ok ? ep + 1 : 0;
+        eb = q.bt_offset;
+        et = prev[i];
+      }
+      bad += (gp[i] != ep) + (gs[i] != es) + (gq[i] != i) + (gc[i] != ec) + (gb[i] != eb) + (gt[i] != et);
+      const int src = j == 2 ? mtp_rows[i] : i;
+      for (int c = 0; c < H; ++c) {
+        const float e = i < n ? h[(size_t)src * H + c] + d[(size_t)src * H + c] : 0.f;
+        bad += fbits(gh[(size_t)i * H + c]) != fbits(e);
+      }
+    }
+  }
+  report_exact("spec_chain_rows", fmt("H=%d cap=%d n=%d, passes 2 and 3: %zu values differ", H, cap, n, bad),
+               bad);
+}
+
 int main(int argc, char** argv) {
   uint64_t seed = 0x5eed;
   bool do_bench = false, only_bench = false;
@@ -1801,6 +1875,7 @@ int main(int argc, char** argv) {
     check_combine_norm();
     check_embed_prev();
     check_align_prev();
+    check_spec_chain_rows();
     CK(cudaDeviceSynchronize());
   }
   const int fails = failed_checks();

@@ -54,7 +54,9 @@ type Options struct {
 	// are captured as CUDA graphs per batch-size bucket and replayed.
 	NoGraphs bool
 	// DraftTokens > 0 loads the checkpoint's MTP layer as the draft model of
-	// speculative decoding (docs/speculative.md); the runtime supports 1.
+	// speculative decoding (docs/speculative.md): up to DraftTokens drafts
+	// per sequence and step (1..8; past the first, the MTP layer chains on
+	// its own output).
 	DraftTokens int
 	// OnLoad, if not nil, is called after each tensor handed to the
 	// runtime, with the checkpoint bytes handed over so far and their total
