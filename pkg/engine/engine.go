@@ -181,12 +181,24 @@ func (e *Engine) newSequence(req *Request) (*sequence, error) {
 	if req.Constraint != nil && !e.backend.Info().TokenMasks {
 		return nil, fmt.Errorf("constrained decoding (structured outputs) is not supported by the %s backend", e.backend.Info().Name)
 	}
+	switch req.Speculation {
+	case SpeculationDefault, SpeculationOff:
+	case SpeculationOn:
+		if e.lim.DraftTokens == 0 {
+			return nil, errors.New("speculative decoding was requested, but the engine runs without a draft model (start it with --speculative mtp)")
+		}
+		if req.Constraint != nil || req.ReturnLogits {
+			return nil, errors.New("speculative decoding cannot go with a token constraint (structured outputs) or returned logits")
+		}
+	default:
+		return nil, fmt.Errorf("speculation %d is not one of SpeculationDefault, SpeculationOff, SpeculationOn", req.Speculation)
+	}
 	params := req.Sampling
 	if !params.HasSeed {
 		params.Seed, params.HasSeed = rand.Int64(), true
 	}
 	seq := &sequence{
-		speculate:  e.lim.DraftTokens > 0 && req.Constraint == nil && !req.ReturnLogits,
+		speculate:  e.lim.DraftTokens > 0 && req.Speculation != SpeculationOff && req.Constraint == nil && !req.ReturnLogits,
 		label:      req.Label,
 		tokens:     slices.Clone(req.PromptTokens),
 		numPrompt:  len(req.PromptTokens),

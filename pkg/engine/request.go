@@ -24,6 +24,9 @@ type Request struct {
 	// ReturnLogits attaches the raw logits of every sampled position to its
 	// event (validation and tests; costly for real vocabularies).
 	ReturnLogits bool
+	// Speculation overrides the engine's speculative-decoding setting for
+	// this request (docs/speculative.md).
+	Speculation Speculation
 	// Constraint, if not nil, limits every generated token to those it allows
 	// (structured outputs: JSON schema, regex, grammar). The request finishes
 	// with FinishStop once the constraint is Done. When Submit succeeds the
@@ -31,6 +34,22 @@ type Request struct {
 	// caller still owns it.
 	Constraint Constraint
 }
+
+// Speculation is a request's choice about speculative decoding.
+type Speculation int8
+
+// Speculation values.
+const (
+	// SpeculationDefault follows the engine (Config.DraftTokens > 0: draft,
+	// except for requests with a constraint or that want logits).
+	SpeculationDefault Speculation = iota
+	// SpeculationOff never drafts for this request: plain decoding steps,
+	// so a seeded request samples as on an engine without a draft model.
+	SpeculationOff
+	// SpeculationOn asks for drafting: Submit fails when the engine has no
+	// draft model, or with a Constraint or ReturnLogits.
+	SpeculationOn
+)
 
 // Constraint is a per-request token constraint, e.g. a grammar matcher
 // (pkg/grammar). The engine calls it from its loop only, never concurrently

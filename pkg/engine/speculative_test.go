@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -293,5 +294,69 @@ func TestSpeculativeConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("max %d, asked %d: err %v, want %q", tc.maxDrafts, tc.drafts, err, tc.want)
 		}
+	}
+}
+
+// A request's Speculation overrides the engine's setting: SpeculationOff
+// requests never run the draft model (no Draft, drafts or proposals in any
+// of their steps) while the others draft beside them, and every request gets
+// the tokens of plain decoding.
+func TestSpeculationPerRequest(t *testing.T) {
+	plain, _, _ := runKVModel(t, Config{MaxBatchedTokens: 64}, 400, 0, specRequests())
+	reqs := specRequests()
+	for i := range reqs {
+		if i%2 == 1 {
+			reqs[i].Speculation = SpeculationOff
+		} else if i == 2 {
+			reqs[i].Speculation = SpeculationOn
+		}
+	}
+	got, st, m := runKVModel(t, Config{MaxBatchedTokens: 64, DraftTokens: 2}, 400, 3, reqs)
+	for i := range plain {
+		if !slices.Equal(got[i], plain[i]) {
+			t.Errorf("request %d: %v\nplain      %v", i, got[i], plain[i])
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	drafting, all := map[uint64]bool{}, map[uint64]bool{}
+	for _, b := range m.steps {
+		for _, q := range b.Seqs {
+			all[q.SeqID] = true
+			if q.Draft || q.Drafts > 0 || q.Propose > 0 {
+				drafting[q.SeqID] = true
+			}
+		}
+	}
+	if len(all) != len(reqs) || len(drafting) != len(reqs)/2 {
+		t.Errorf("%d of %d sequences ran the draft model, want %d (the others set SpeculationOff)", len(drafting), len(all), len(reqs)/2)
+	}
+	if st.DraftsVerified == 0 {
+		t.Error("no draft was verified")
+	}
+}
+
+// SpeculationOn is refused where the request cannot draft: an engine without
+// a draft model, a request that wants logits; an unknown value is refused.
+func TestSpeculationOnErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		drafts int
+		req    Request
+		want   string
+	}{
+		{"no draft model", 0, Request{Speculation: SpeculationOn}, "without a draft model"},
+		{"logits", 2, Request{Speculation: SpeculationOn, ReturnLogits: true}, "cannot go with a token constraint (structured outputs) or returned logits"},
+		{"unknown", 2, Request{Speculation: 7}, "speculation 7 is not one of"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t, newKVModel(4, 64, 2, 0), Config{DraftTokens: tc.drafts})
+			tc.req.PromptTokens = seqTokens(1, 4)
+			tc.req.MaxTokens = 4
+			_, err := e.Submit(context.Background(), &tc.req)
+			if err == nil || !errors.Is(err, ErrInvalidRequest) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Submit: %v, want an invalid-request error containing %q", err, tc.want)
+			}
+		})
 	}
 }

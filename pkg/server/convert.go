@@ -59,7 +59,9 @@ type genParams struct {
 	maxTokens int
 	stop      []string
 	ignoreEOS bool
-	grammar   *grammar.Grammar // structured outputs; nil = free text
+	// speculative: the request's "speculative" (nil = the server's setting).
+	speculative *bool
+	grammar     *grammar.Grammar // structured outputs; nil = free text
 }
 
 // toEngineRequest builds the engine request for one prompt.
@@ -71,7 +73,20 @@ func toEngineRequest(ids []int32, g genParams) *engine.Request {
 		MaxTokens:    g.maxTokens,
 		StopStrings:  g.stop,
 		IgnoreEOS:    g.ignoreEOS,
+		Speculation:  toSpeculation(g.speculative),
 		Constraint:   newGrammarConstraint(g.grammar),
+	}
+}
+
+// toSpeculation maps the request's "speculative" to the engine's choice.
+func toSpeculation(b *bool) engine.Speculation {
+	switch {
+	case b == nil:
+		return engine.SpeculationDefault
+	case *b:
+		return engine.SpeculationOn
+	default:
+		return engine.SpeculationOff
 	}
 }
 

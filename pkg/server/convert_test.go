@@ -36,6 +36,22 @@ func TestToSamplingParams(t *testing.T) {
 	}
 }
 
+func TestToSpeculation(t *testing.T) {
+	on, off := true, false
+	for _, tc := range []struct {
+		in   *bool
+		want engine.Speculation
+	}{
+		{nil, engine.SpeculationDefault},
+		{&on, engine.SpeculationOn},
+		{&off, engine.SpeculationOff},
+	} {
+		if got := toSpeculation(tc.in); got != tc.want {
+			t.Errorf("toSpeculation(%v) = %d, want %d", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestToFinishReason(t *testing.T) {
 	for _, tc := range []struct {
 		f     engine.FinishReason

@@ -127,6 +127,23 @@ func (s *Server) checkLength(promptTokens, maxTokens int, param string) *openai.
 	return nil
 }
 
+// checkSpeculative refuses "speculative": true where the request cannot
+// draft: a server without a draft model, or a constrained request (the
+// engine never drafts under a token constraint). The engine refuses the same
+// (engine.SpeculationOn); here the error names the field.
+func (s *Server) checkSpeculative(spec *bool, constrained bool) *openai.Error {
+	if spec == nil || !*spec {
+		return nil
+	}
+	if s.eng.Limits().DraftTokens == 0 {
+		return openai.BadRequest("speculative", "speculative decoding is not enabled on this server (start it with --speculative mtp)")
+	}
+	if constrained {
+		return openai.BadRequest("speculative", "speculative decoding cannot go with structured outputs or a forced tool call")
+	}
+	return nil
+}
+
 // submitAll submits one engine request per prompt; if one fails, the ones
 // already submitted are cancelled.
 func (s *Server) submitAll(ctx context.Context, reqs []*engine.Request) ([]*engine.Stream, *openai.Error) {
@@ -241,6 +258,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, aerr)
 		return
 	}
+	if aerr := s.checkSpeculative(req.Speculative, gram != nil); aerr != nil {
+		s.fail(w, ri, aerr)
+		return
+	}
 	cp := ChatPrompt{
 		Messages: toChatMessages(req.Messages), Tools: toolObjects(req.Tools, req.ToolChoice),
 		EnableThinking: req.EnableThinking, ClearThinking: req.ClearThinking,
@@ -268,12 +289,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	g := genParams{
-		label:     ri.id,
-		sampling:  toSamplingParams(req.Sampling, s.opts.Sampling, req.Logprobs, req.TopLogprobs),
-		maxTokens: req.MaxTokens,
-		stop:      req.Stop,
-		ignoreEOS: req.IgnoreEOS,
-		grammar:   gram,
+		label:       ri.id,
+		sampling:    toSamplingParams(req.Sampling, s.opts.Sampling, req.Logprobs, req.TopLogprobs),
+		maxTokens:   req.MaxTokens,
+		stop:        req.Stop,
+		ignoreEOS:   req.IgnoreEOS,
+		speculative: req.Speculative,
+		grammar:     gram,
 	}
 	cs, aerr := s.startChoices(r.Context(), []*engine.Request{toEngineRequest(ids, g)}, req.N)
 	if aerr != nil {
@@ -507,13 +529,18 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, ri, aerr)
 		return
 	}
+	if aerr := s.checkSpeculative(req.Speculative, gram != nil); aerr != nil {
+		s.fail(w, ri, aerr)
+		return
+	}
 	g := genParams{
-		label:     ri.id,
-		sampling:  toSamplingParams(req.Sampling, s.opts.Sampling, logprobs, top),
-		maxTokens: maxTokens,
-		stop:      req.Stop,
-		ignoreEOS: req.IgnoreEOS,
-		grammar:   gram,
+		label:       ri.id,
+		sampling:    toSamplingParams(req.Sampling, s.opts.Sampling, logprobs, top),
+		maxTokens:   maxTokens,
+		stop:        req.Stop,
+		ignoreEOS:   req.IgnoreEOS,
+		speculative: req.Speculative,
+		grammar:     gram,
 	}
 	ereqs := make([]*engine.Request, len(req.Prompts))
 	echo := make([]string, len(req.Prompts))

@@ -305,6 +305,8 @@ func TestErrors(t *testing.T) {
 		{"prompt too long", "/v1/completions", `{"prompt":"` + strings.Repeat("y", 2100) + `"}`, 400, "prompt", "maximum context length"},
 		{"token id out of vocab", "/v1/completions", `{"prompt":[1,299,300]}`, 400, "prompt", "outside the vocabulary"},
 		{"tool_choice required", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}`, 400, "tool_choice", "needs tools"},
+		{"speculative without a draft model", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}],"speculative":true}`, 400, "speculative", "not enabled on this server"},
+		{"completions speculative without a draft model", "/v1/completions", `{"prompt":"x","speculative":true}`, 400, "speculative", "--speculative mtp"},
 		{"unknown model", "/v1/completions", `{"model":"gpt-4","prompt":"x"}`, 404, "model", "does not exist"},
 		{"body too large", "/v1/completions", big, 413, "", "limit of 4096 bytes"},
 		{"unknown route", "/v1/embeddings", `{}`, 404, "", "no route"},

@@ -63,8 +63,9 @@ type chatWire struct {
 	Thinking *struct {
 		Type *string `json:"type"`
 	} `json:"thinking"`
-	LogitBias map[string]float64 `json:"logit_bias"`
-	IgnoreEOS *bool              `json:"ignore_eos"`
+	LogitBias   map[string]float64 `json:"logit_bias"`
+	IgnoreEOS   *bool              `json:"ignore_eos"`
+	Speculative *bool              `json:"speculative"`
 }
 
 type messageWire struct {
@@ -107,6 +108,7 @@ type completionWire struct {
 	StreamOptions *streamOptionsWire `json:"stream_options"`
 	LogitBias     map[string]float64 `json:"logit_bias"`
 	IgnoreEOS     *bool              `json:"ignore_eos"`
+	Speculative   *bool              `json:"speculative"`
 }
 
 // DecodeChatRequest parses and validates a chat completions body. Unknown
@@ -163,6 +165,7 @@ func DecodeChatRequest(body []byte) (*ChatRequest, *Error) {
 		return nil, err
 	}
 	req.IgnoreEOS = w.IgnoreEOS != nil && *w.IgnoreEOS
+	req.Speculative = w.Speculative
 	if kw := w.ChatTemplateKwargs; kw != nil {
 		req.EnableThinking, req.ClearThinking = kw.EnableThinking, kw.ClearThinking
 	}
@@ -252,6 +255,7 @@ func DecodeCompletionRequest(body []byte) (*CompletionRequest, *Error) {
 		return nil, err
 	}
 	req.IgnoreEOS = w.IgnoreEOS != nil && *w.IgnoreEOS
+	req.Speculative = w.Speculative
 	if req.Format, err = decodeFormat(body); err != nil {
 		return nil, err
 	}

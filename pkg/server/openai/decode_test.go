@@ -25,7 +25,7 @@ func TestDecodeChatRequestFull(t *testing.T) {
 	  "stream": true, "stream_options": {"include_usage": true},
 	  "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
 	  "tool_choice": "auto", "chat_template_kwargs": {"enable_thinking": false, "clear_thinking": false},
-	  "response_format": {"type": "text"}, "ignore_eos": true
+	  "response_format": {"type": "text"}, "ignore_eos": true, "speculative": false
 	}`
 	r, err := DecodeChatRequest([]byte(body))
 	if err != nil {
@@ -40,7 +40,7 @@ func TestDecodeChatRequestFull(t *testing.T) {
 		t.Errorf("sampling %+v", r.Sampling)
 	}
 	if r.Model != "glm" || r.MaxTokens != 20 || !reflect.DeepEqual(r.Stop, []string{"END"}) || !r.Logprobs || r.TopLogprobs != 3 || r.N != 3 ||
-		!r.Stream || !r.IncludeUsage || r.ToolChoice != ToolChoiceAuto || !r.IgnoreEOS ||
+		!r.Stream || !r.IncludeUsage || r.ToolChoice != ToolChoiceAuto || !r.IgnoreEOS || r.Speculative == nil || *r.Speculative ||
 		r.EnableThinking == nil || *r.EnableThinking || r.ClearThinking == nil || *r.ClearThinking {
 		t.Errorf("fields %+v", r)
 	}
@@ -62,7 +62,7 @@ func TestDecodeChatRequestMinimal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Stream || r.MaxTokens != 0 || r.Sampling != (Sampling{}) || r.ToolChoice != ToolChoiceAuto || r.EnableThinking != nil {
+	if r.Stream || r.MaxTokens != 0 || r.Sampling != (Sampling{}) || r.ToolChoice != ToolChoiceAuto || r.EnableThinking != nil || r.Speculative != nil {
 		t.Errorf("defaults %+v", r)
 	}
 	r, err = DecodeChatRequest([]byte(`{"messages":[{"role":"user","content":"hi"}],"thinking":{"type":"disabled"},"max_tokens":7}`))
@@ -118,6 +118,7 @@ func TestDecodeErrors(t *testing.T) {
 		{`{` + msgs + `,"n":-1}`, "n", "[1, 16]"},
 		{`{` + msgs + `,"n":"2"}`, "n", "integer"},
 		{`{` + msgs + `,"logprobs":"yes"}`, "logprobs", "boolean"},
+		{`{` + msgs + `,"speculative":"on"}`, "speculative", "boolean"},
 		{`{` + msgs + `,"top_logprobs":3}`, "top_logprobs", "logprobs"},
 		{`{` + msgs + `,"logprobs":true,"top_logprobs":21}`, "top_logprobs", "[0, 20]"},
 		{`{` + msgs + `,"stream":"true"}`, "stream", "boolean"},
@@ -201,12 +202,12 @@ func TestDecodeCompletionPrompts(t *testing.T) {
 		{`[1,2,3]`, []Prompt{{TokenIDs: []int32{1, 2, 3}, IsTokens: true}}},
 		{`[[1],[2,3]]`, []Prompt{{TokenIDs: []int32{1}, IsTokens: true}, {TokenIDs: []int32{2, 3}, IsTokens: true}}},
 	} {
-		r, err := DecodeCompletionRequest([]byte(`{"prompt":` + tc.prompt + `,"logprobs":0,"echo":false}`))
+		r, err := DecodeCompletionRequest([]byte(`{"prompt":` + tc.prompt + `,"logprobs":0,"echo":false,"speculative":true}`))
 		if err != nil {
 			t.Errorf("%s: %v", tc.prompt, err)
 			continue
 		}
-		if !reflect.DeepEqual(r.Prompts, tc.want) || r.Logprobs == nil || *r.Logprobs != 0 {
+		if !reflect.DeepEqual(r.Prompts, tc.want) || r.Logprobs == nil || *r.Logprobs != 0 || r.Speculative == nil || !*r.Speculative {
 			t.Errorf("%s: got %+v", tc.prompt, r)
 		}
 	}

@@ -61,6 +61,10 @@ type ChatRequest struct {
 	EnableThinking *bool
 	ClearThinking  *bool
 	IgnoreEOS      bool
+	// Speculative (a glmctl extension, "speculative": true|false) turns
+	// speculative decoding on or off for this request; nil = the server's
+	// setting.
+	Speculative *bool
 	// Format constrains the output (structured outputs); nil = free text.
 	Format *Format
 }
@@ -120,6 +124,7 @@ type CompletionRequest struct {
 	Stream       bool
 	IncludeUsage bool
 	IgnoreEOS    bool
+	Speculative  *bool // as ChatRequest.Speculative
 	// Format constrains each completion (vLLM's guided_* parameters, or
 	// response_format); nil = free text.
 	Format *Format
