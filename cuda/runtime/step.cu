@@ -1158,12 +1158,12 @@ int draft_head(Engine& e, Rank& r, int rows, const int* row_index, int* out) {
 }
 
 // The draft pass (docs/speculative.md, step 3 and step 4's first proposal),
-// after the sampler on GPU 0's stream: spec_accept finds each drafting sequence's last valid row
-// and gives it the sampled token as its MTP input; the MTP layer then runs
-// over every row of the step (its KV entries follow the target's positions;
-// rows past a rejection write entries beyond the valid positions, overwritten
-// later), and the shared lm_head + argmax on the last valid row of each
-// sequence gives its proposal (in r.mtp_draft). The step's metadata
+// after the sampler on GPU 0's stream: spec_accept finds each drafting
+// sequence's last valid row and gives it the sampled token as its MTP input;
+// the MTP layer then runs over every row of the step (its KV entries follow
+// the target's positions; rows past a rejection write entries beyond the
+// valid positions, overwritten later), and draft_head on the last valid row
+// of each sequence gives its first proposal (row 0 of r.mtp_draft). The step's metadata
 // (positions, slots, block tables, attention plans) is the target's, so
 // attention_block and mlp_block run unchanged with l = L. Launches count in
 // their kernels' families (mtp_input as a norm, eh_proj and the draft lm_head
