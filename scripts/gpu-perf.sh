@@ -20,14 +20,15 @@
 #            on and off
 #   ncu      kernel durations of eager decode steps (6 layers) from ncu
 #   ncu-prefill  duration, DRAM and SM throughput per kernel of an eager 2k prefill
-#            step and a batch-64 decode step (6 layers), from ncu
+#            step and a decode step of each batch in NCU_DECODE_BATCHES (default 64;
+#            6 layers), from ncu
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
 #   mtp      speculative decoding with the MTP layer (issue 19), k in MTP_K (default
 #            "1 3"): greedy tokens on/off on every bundled model; demo-go's
 #            acceptance and single-stream speed on/off; time per output token of
 #            the synthetic rank model on/off
-#   ab       the decode step at context 2k, batch {1,4,16,64,128,256}, with each
+#   ab       the decode step at context 2k, batch {1,4,16,64,128,256} (AB_BATCHES), with each
 #            library of AB_LIBS ("name=path/libglmcuda.so ..."), alternated AB_REPS
 #            times (default 2) on this machine (and with AB_TTFT="2048 ..." the time
 #            to first token of those prompts); a table per library last
@@ -198,21 +199,25 @@ if want ncu-prefill; then
        --log-level warn >"$LOG/ncu-prefill.csv" 2>"$LOG/ncu-prefill.err"; then
     note "ncu prefill 2k        ok (ncu-prefill.csv)"
   else fail "ncu prefill 2k        FAIL"; tail -5 "$LOG/ncu-prefill.err"; fi
-  if timeout "$T" ncu --clock-control none --replay-mode application --metrics $M --csv --print-units base \
-       "$G" bench "${SYN[@]}" --layers 6 --cuda-graphs=false --batches 64 --contexts 2048 --steps 1 --warmup-steps 1 \
-       --log-level warn >"$LOG/ncu-dram-b64.csv" 2>"$LOG/ncu-dram-b64.err"; then
-    note "ncu decode b64 dram   ok (ncu-dram-b64.csv)"
-  else fail "ncu decode b64 dram   FAIL"; tail -5 "$LOG/ncu-dram-b64.err"; fi
-  cp "$LOG/ncu-prefill.csv" "$LOG/ncu-dram-b64.csv" "$FINAL/" 2>/dev/null
+  for b in ${NCU_DECODE_BATCHES:-64}; do
+    if timeout "$T" ncu --clock-control none --replay-mode application --metrics $M --csv --print-units base \
+         "$G" bench "${SYN[@]}" --layers 6 --cuda-graphs=false --batches "$b" --contexts 2048 --steps 1 --warmup-steps 1 \
+         --log-level warn >"$LOG/ncu-dram-b$b.csv" 2>"$LOG/ncu-dram-b$b.err"; then
+      note "ncu decode b$b dram   ok (ncu-dram-b$b.csv)"
+    else fail "ncu decode b$b dram   FAIL"; tail -5 "$LOG/ncu-dram-b$b.err"; fi
+    cp "$LOG/ncu-dram-b$b.csv" "$FINAL/" 2>/dev/null
+  done
+  cp "$LOG/ncu-prefill.csv" "$FINAL/" 2>/dev/null
 fi
 
 if want ab; then
   # Same-machine A/B of runtime libraries (fresh machines differ by ~3%).
   read -r -a libs <<<"${AB_LIBS:-cur=$GLMCTL_CUDA_LIB}"
+  AB_BATCHES="${AB_BATCHES:-1 4 16 64 128 256}"
   for rep in $(seq "${AB_REPS:-2}"); do
     for nl in "${libs[@]}"; do
       name=${nl%%=*}; lib=${nl#*=}
-      GLMCTL_CUDA_LIB="$PWD/${lib#$PWD/}" timeout "$T" "$G" bench "${SYN[@]}" --batches 1,4,16,64,128,256 --contexts 2048 \
+      GLMCTL_CUDA_LIB="$PWD/${lib#$PWD/}" timeout "$T" "$G" bench "${SYN[@]}" --batches "${AB_BATCHES// /,}" --contexts 2048 \
         --steps 20 --warmup-steps 3 --markdown >"$LOG/ab-$name-$rep.md" 2>"$LOG/ab-$name-$rep.err" ||
         fail "bench ab $name $rep FAIL ($(tail -1 "$LOG/ab-$name-$rep.err"))"
     done
@@ -244,7 +249,7 @@ if want ab; then
     [[ -n ${AB_TTFT:-} ]] && echo
     printf '| batch |'; for nl in "${libs[@]}"; do printf ' %s ms |' "${nl%%=*}"; done; echo
     printf '|---:|'; for nl in "${libs[@]}"; do printf -- '---:|'; done; echo
-    for b in 1 4 16 64 128 256; do
+    for b in $AB_BATCHES; do
       printf '| %s |' "$b"
       for nl in "${libs[@]}"; do
         name=${nl%%=*}

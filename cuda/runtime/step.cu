@@ -661,18 +661,49 @@ bool experts_grouped_tc(const Engine& e, const Meta& m) {
          glmk::gemm_fp8_grouped_tc_supported(e.d.H, e.d.MI);
 }
 
+// Rows a step may have (Meta::policy_rows) for the shared expert to be one
+// more group of the routed experts' tensor-core streaming GEMMs (see
+// shared_dense_mlp).
+constexpr int kSharedGroupedMaxRows = 64;
+
+// Whether the routed experts run through gemm_fp8_stream_tc (a few rows per
+// expert past kStreamMaxRows rows a step, on sm_90): gate|up always, down too
+// when the shared expert is one of their groups.
+bool experts_stream_tc(const Engine& e, const Meta& m) {
+  return !e.exact && !experts_grouped_tc(e, m) && e.ranks[0].stream_tc && m.policy_rows > kStreamMaxRows &&
+         glmk::gemm_fp8_stream_tc_supported(2 * e.d.MI, e.d.H);
+}
+
 // Whether the shared expert (GPU 0) runs apart as a dense MLP through the
-// linear path, its output added last by the combine. Up to kStreamMaxRows rows
-// it is the last group of the grouped streaming GEMM instead (router slot
-// top_k), and so it is again when the routed experts go through the grouped
-// tensor-core GEMM: a group of every token's row there, its m-tiles filling the
-// same launches (H200, 2k-token prefill: the dense MLP took 50 + 10 + 34 us per
-// layer in three more launches beside 110-140 + 11 + 80 us of routed experts).
-// In between (9 rows up to a few per expert) the streaming kernels, built for a
-// few rows per expert, would handle its every-token group badly.
+// linear path, its output added last by the combine. Otherwise it is one more
+// group of the routed experts' GEMMs (router slot top_k, a row for every
+// token), which saves its three launches (gate|up, SiLU, down):
+// - up to kStreamMaxRows rows, the last group of the grouped streaming GEMM;
+// - from there to kSharedGroupedMaxRows rows, a group of the tensor-core
+//   streaming GEMMs (gate|up and down), whose token tile then holds all its
+//   rows (shared_group_token_tile) so that its weights stream once. A/B on one
+//   H100 (2026-11-27, rank share, 2k context): batch 16 16.5 -> 15.4 ms,
+//   batch 64 24.85 -> 24.2; at 128 and 256 the 128-row tiles made the routed
+//   experts' GEMMs slower than the dense MLP saves (27.3 -> 30.5, 34.0 -> 37.2);
+// - when the routed experts go through the grouped tensor-core GEMM (prefill),
+//   a group of every token's row there, its m-tiles filling the same launches
+//   (H200, 2k-token prefill: the dense MLP took 50 + 10 + 34 us per layer in
+//   three more launches beside 110-140 + 11 + 80 us of routed experts).
 bool shared_dense_mlp(const Engine& e, const Meta& m) {
-  return e.ranks[0].shared_local >= 0 && !e.exact && m.policy_rows > kStreamMaxRows &&
-         !experts_grouped_tc(e, m);
+  if (e.ranks[0].shared_local < 0 || e.exact || m.policy_rows <= kStreamMaxRows || experts_grouped_tc(e, m))
+    return false;
+  return !(m.policy_rows <= kSharedGroupedMaxRows && experts_stream_tc(e, m) &&
+           glmk::gemm_fp8_stream_tc_supported(e.d.H, e.d.MI));
+}
+
+// The token tile of the tensor-core streaming expert GEMMs when the shared
+// expert's group (every token's row) is one of theirs: one tile holds it, so
+// its weights stream once; 0 (the kernel's choice, twice the rows an expert
+// typically gets) otherwise.
+int shared_group_token_tile(const Engine& e, const Meta& m) {
+  if (e.ranks[0].shared_local < 0 || !experts_stream_tc(e, m) || shared_dense_mlp(e, m)) return 0;
+  const int p = m.policy_rows;
+  return p <= 16 ? 16 : p <= 32 ? 32 : p <= 64 ? 64 : 128;
 }
 
 // The input norm of layer l: h += delta (the previous sub-layer's output,
@@ -879,9 +910,10 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   ra.scale = e.cfg.routed_scaling_factor;
   ra.expert_begin = r.expert_begin;
   ra.n_local = r.n_local_experts;
-  // The shared expert sees every token: past kStreamMaxRows rows it is a dense
-  // MLP for cuBLASLt (the grouped streaming kernel is built for a few rows per
-  // expert), its output added last by moe_combine; its router slot stays empty.
+  // The shared expert sees every token: one more group of the routed GEMMs
+  // (router slot top_k) or, from kSharedGroupedMaxRows rows up to prefill
+  // sizes, a dense MLP on the linear path, its output added last by the
+  // combine and its router slot empty (shared_dense_mlp).
   const bool shared_dense = shared_dense_mlp(e, m);
   ra.shared_local = shared_dense ? -1 : r.shared_local;
   ra.slots = d.slots;
@@ -963,15 +995,16 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // experts, top-1) it ran gate|up at 80-84% of HBM from 16 to 128 tokens
   // (gemm_fp8_stream 69-77%) and 77% at 256 (67%); the down projection
   // (K 1536) was no faster and stays on the streaming kernel.
-  const bool stream_tc_gu = !e.exact && !grouped_tc && r.stream_tc && m.policy_rows > kStreamMaxRows &&
-                            glmk::gemm_fp8_stream_tc_supported(g.N, g.K);
+  const bool stream_tc_gu = experts_stream_tc(e, m);
+  glmk::StreamTcTuning stc;
+  stc.token_tile = shared_group_token_tile(e, m);
   if (grouped_tc) {
     KCHECK(glmk::gemm_fp8_grouped_tc_tuned(g, gtc, r.stream), "layer %d: expert gate|up", l);
   } else if (stream_tc_gu) {
     glmk::StreamGemmArgs gt = g;
     gt.M = T * d.slots;
     gt.typical_rows_per_group = typical;
-    KCHECK(glmk::gemm_fp8_stream_tc(gt, glmk::StreamTcWorkspace{}, glmk::StreamTcTuning{}, r.stream),
+    KCHECK(glmk::gemm_fp8_stream_tc(gt, glmk::StreamTcWorkspace{}, stc, r.stream),
            "layer %d: expert gate|up (tensor-core stream)", l);
   } else {
     KCHECK(glmk::gemm_fp8_stream(g, r.stream), "layer %d: expert gate|up", l);
@@ -1001,8 +1034,19 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   dn.Y = r.ysort;
   dn.ldy = d.H;
   if (grouped_tc) dn.M = T * d.slots;
-  KCHECK(grouped_tc ? glmk::gemm_fp8_grouped_tc_tuned(dn, gtc, r.stream) : glmk::gemm_fp8_stream(dn, r.stream),
-         "layer %d: expert down", l);
+  // With the shared expert among the groups, down streams through the
+  // tensor-core kernel too, in the same token tiles (on its own it is no
+  // faster than gemm_fp8_stream there, but a tile holds the shared group).
+  if (stc.token_tile > 0) {
+    glmk::StreamGemmArgs dt = dn;
+    dt.M = T * d.slots;
+    dt.typical_rows_per_group = typical;
+    KCHECK(glmk::gemm_fp8_stream_tc(dt, glmk::StreamTcWorkspace{}, stc, r.stream),
+           "layer %d: expert down (tensor-core stream)", l);
+  } else {
+    KCHECK(grouped_tc ? glmk::gemm_fp8_grouped_tc_tuned(dn, gtc, r.stream) : glmk::gemm_fp8_stream(dn, r.stream),
+           "layer %d: expert down", l);
+  }
   PROF(GLMRT_PROF_EXPERT_DOWN);
   if (combine_feeds_norm(e, l)) {
     glmk::AddNormArgs next = input_norm_args(e, r, l + 1, T);
