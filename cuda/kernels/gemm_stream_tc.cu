@@ -30,16 +30,6 @@
 // writes Y and resets the counter to zero (the next launch, or a CUDA graph
 // replay, finds it zero). The split boundaries depend only on K and S, so a
 // launch reproduces itself bit for bit.
-//
-// Cluster splits (dense linears): the S splits of a (token tile, weight
-// block) are one thread-block cluster of S CTAs, one unit each (no persistent
-// loop). Each CTA leaves its FP32 partial [NT][128] in its own shared memory
-// (the pipeline stages, drained by then); after a cluster barrier CTA r sums
-// the r-th share of the tile over the S CTAs' partials through distributed
-// shared memory, in split order, and writes Y; a second barrier keeps every
-// CTA's shared memory alive until the others have read it. No workspace, no
-// global round trip: this is what lets a 14-40-block dense linear fill the
-// SMs (the workspace splits above cost more than they shared out).
 #include <algorithm>
 #include <atomic>
 
@@ -122,7 +112,7 @@ struct SwapLaunch {
   int* counters;    // [m_bound * n_wb], zero between launches, when splits > 1
 };
 
-template <class C, bool CL>
+template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     stream_tc_kernel(const __grid_constant__ CUtensorMap wmap, StreamGemmArgs a, SwapLaunch L) {
 #if defined(GLMK_HAS_WGMMA)
@@ -235,23 +225,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       const float* wsc = a.w_scale + (int64_t)grp * a.N;
       const float* bias = a.bias ? a.bias + (int64_t)grp * a.N : nullptr;
       auto xscale = [&](int t) { return a.x_scale[a.x_rows ? a.x_rows[row0 + t] : row0 + t]; };
-      if constexpr (CL) {
-        if (S > 1) {
-          // Cluster split: the partial stays in this CTA's shared memory (the
-          // stages: both consumer warpgroups are past their last wgmma once
-          // the barrier passes) for the cluster's sum below.
-          named_bar_sync(1, 256);
-          float* const mine = reinterpret_cast<float*>(sgen);
-#pragma unroll
-          for (int j = 0; j < NT / 8; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const int t = 8 * j + 2 * c4 + (e & 1);
-              if (t < rows) mine[t * kSwWRows + wl0 + 8 * (e >> 1)] = acc[4 * j + e];
-            }
-          continue;
-        }
-      }
       if (S == 1) {
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j)
@@ -315,101 +288,24 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       named_bar_sync(1, 256);  // s_last is read by every consumer before the next unit rewrites it
     }
   }
-  if constexpr (CL) {
-    if (S > 1) {
-      // Every CTA of the cluster has its partial in shared memory: CTA r sums
-      // its share of the tile's live float4s over the S partials (split
-      // order), scales, adds the bias and writes Y.
-      cluster_sync_all();
-      const int u = blockIdx.x;  // one unit per CTA: the grid is the units
-      int item, wb, s, grp = 0, row0 = 0, rows = 0;
-      unit_of(u, item, wb, s);
-      if (u < total) find_m_tile<NT>(a.group_offsets, a.groups, a.M, item, grp, row0, rows);
-      const int rank = (int)cluster_ctarank();
-      const int n4 = rows * (kSwWRows / 4), chunk = (n4 + S - 1) / S;
-      const int beg = rank * chunk, end = min(n4, beg + chunk);
-      const int n_base = wb * kSwWRows;
-      const float* wsc = a.w_scale + (int64_t)grp * a.N;
-      const float* bias = a.bias ? a.bias + (int64_t)grp * a.N : nullptr;
-      for (int i4 = beg + tid; i4 < end; i4 += C::THREADS) {
-        const uint32_t off = sbase + 16u * (uint32_t)i4;
-        float4 v[8];
-#pragma unroll
-        for (int q = 0; q < 8; ++q)
-          if (q < S) v[q] = ld_shared_cluster_f4(cluster_map_shared(off, (uint32_t)q));
-        float4 sum = v[0];
-#pragma unroll
-        for (int q = 1; q < 8; ++q)
-          if (q < S) sum.x += v[q].x, sum.y += v[q].y, sum.z += v[q].z, sum.w += v[q].w;
-        const int t = i4 / (kSwWRows / 4), n = n_base + 4 * (i4 % (kSwWRows / 4));
-        const float xs = a.x_scale[a.x_rows ? a.x_rows[row0 + t] : row0 + t];
-        const float sv[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          if (n + j >= a.N) break;
-          float y = sv[j] * xs * wsc[n + j];
-          if (bias) y += bias[n + j];
-          a.Y[(int64_t)(row0 + t) * a.ldy + n + j] = y;
-        }
-      }
-      cluster_sync_all();  // the other CTAs read this one's shared memory until here
-    }
-  }
 #endif
 }
 
 constexpr int kMaxDevices = 64;
 
-// Cluster splits the launch can have for this kernel on this device (1 when
-// none fit: a cluster of S CTAs of ~200 KB shared memory each needs S SMs of
-// one GPC). Cached per device and S.
 template <class C>
-int fit_cluster(int S, int grid, int dev, cudaStream_t st) {
-  static std::atomic<int> fits[kMaxDevices][9];
-  while (S > 1) {
-    int f = fits[dev][S].load(std::memory_order_acquire);
-    if (f == 0) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(grid);
-      cfg.blockDim = dim3(C::THREADS);
-      cfg.dynamicSmemBytes = C::SMEM;
-      cfg.stream = st;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeClusterDimension;
-      at[0].val.clusterDim.x = S;
-      at[0].val.clusterDim.y = 1;
-      at[0].val.clusterDim.z = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
-      int n = 0;
-      const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, stream_tc_kernel<C, true>, &cfg);
-      if (e != cudaSuccess) (void)cudaGetLastError();
-      f = (e == cudaSuccess && n > 0) ? 1 : 2;
-      fits[dev][S].store(f, std::memory_order_release);
-    }
-    if (f == 1) return S;
-    --S;
-  }
-  return 1;
-}
-
-template <class C, bool CL>
-cudaError_t set_smem_once(int dev) {
-  static std::atomic<bool> ready[kMaxDevices];
-  if (ready[dev].load(std::memory_order_acquire)) return cudaSuccess;
-  const cudaError_t e =
-      cudaFuncSetAttribute(stream_tc_kernel<C, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-  if (e == cudaSuccess) ready[dev].store(true, std::memory_order_release);
-  return e;
-}
-
-template <class C>
-cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& ws, const StreamTcTuning& tu,
+cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& ws, int splits_req,
                              int sms, cudaStream_t st) {
+  static std::atomic<bool> ready[kMaxDevices];
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (!ready[dev].load(std::memory_order_acquire)) {
+    e = cudaFuncSetAttribute(stream_tc_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
+    if (e != cudaSuccess) return e;
+    ready[dev].store(true, std::memory_order_release);
+  }
   CUtensorMap map;
   e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, kSwWRows);
   if (e != cudaSuccess) return e;
@@ -418,48 +314,14 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
   int active = a.group_offsets ? std::min(a.groups, a.M) : 1;
   if (a.group_offsets && a.max_active_groups > 0) active = std::min(active, a.max_active_groups);
   const int64_t m_bound = (int64_t)ceil_div(a.M, C::NT) + (a.group_offsets ? active : 0);
+  int64_t m_typ = m_bound;
+  if (a.group_offsets) {
+    const int u = a.typical_rows_per_group > 0 ? a.typical_rows_per_group : ceil_div(a.M, active);
+    m_typ = std::min<int64_t>(m_bound, (int64_t)active * ceil_div(u, C::NT));
+  }
   const int n_wb = ceil_div(a.N, kSwWRows);
   const int KT = a.K / kSwBK;
-  // Cluster splits (dense only): asked for, or automatic when no workspace
-  // split is asked for and the unsplit units would leave more than half the
-  // SMs idle: as many splits (up to 8, at most the K stages) as fill the SMs
-  // once. On an H200 / H100 the workspace splits below never paid; these keep
-  // the partials on chip.
-  int CS = 1;
-  if (!a.group_offsets && tu.cluster >= 2) {
-    CS = tu.cluster;
-  } else if (!a.group_offsets && tu.cluster == 0 && tu.splits == 0) {
-    const int64_t units = m_bound * n_wb;
-    if (units * 2 <= sms) CS = (int)std::min<int64_t>(8, sms / units);
-  }
-  CS = std::min(CS, KT);
-  if (CS > 1) {
-    if (m_bound * n_wb * CS > 0x7fffffff) return cudaErrorInvalidValue;
-    e = set_smem_once<C, true>(dev);  // before the occupancy query, which needs it
-    if (e != cudaSuccess) return e;
-    CS = fit_cluster<C>(CS, (int)(m_bound * n_wb * CS), dev, st);
-  }
-  if (CS > 1) {
-    SwapLaunch L{n_wb, CS, (int)m_bound, nullptr, nullptr};
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(m_bound * n_wb * CS));
-    cfg.blockDim = dim3(C::THREADS);
-    cfg.dynamicSmemBytes = C::SMEM;
-    cfg.stream = st;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = CS;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, stream_tc_kernel<C, true>, map, a, L);
-    if (e != cudaSuccess) return e;
-    return cudaGetLastError();
-  }
-  e = set_smem_once<C, false>(dev);
-  if (e != cudaSuccess) return e;
-  int S = tu.splits;
+  int S = splits_req;
   // Automatic: no split. On an H200 (stream_tc_check --sweep, rank shapes) every
   // split made the launch slower, also where it was the only way to give every
   // SM work (o_proj 5120 x 1536 at 16 rows: 7.4 us with 40 CTAs, 8.6 with 80):
@@ -473,7 +335,7 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
   if (m_bound * n_wb * (int64_t)S > 0x7fffffff) return cudaErrorInvalidValue;
   SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters};
   const int grid = (int)std::min<int64_t>((int64_t)m_bound * n_wb * S, sms);
-  stream_tc_kernel<C, false><<<grid, C::THREADS, C::SMEM, st>>>(map, a, L);
+  stream_tc_kernel<C><<<grid, C::THREADS, C::SMEM, st>>>(map, a, L);
   return cudaGetLastError();
 }
 
@@ -495,8 +357,7 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
                                const StreamTcTuning& tu, cudaStream_t st) {
   if (a.Xf || a.ksplit != 1 || a.K <= 0 || a.K % kSwBK != 0 || a.N < 0 || a.M < 0 || a.groups <= 0 ||
       (!a.group_offsets && a.groups != 1) || a.max_active_groups < 0 || a.typical_rows_per_group < 0 ||
-      tu.splits < 0 || tu.splits > 64 || tu.cluster < -1 || tu.cluster == 1 || tu.cluster > 8 ||
-      (tu.cluster >= 2 && (a.group_offsets || tu.splits != 0)) ||
+      tu.splits < 0 || tu.splits > 64 ||
       (tu.token_tile != 0 && tu.token_tile != 16 && tu.token_tile != 32 && tu.token_tile != 64 &&
        tu.token_tile != 128))
     return cudaErrorInvalidValue;
@@ -512,10 +373,10 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   if (major != 9) return cudaErrorNotSupported;  // wgmma: sm_90 only
   const int nt = tu.token_tile > 0 ? tu.token_tile : gemm_fp8_stream_tc_token_tile(a);
   switch (nt) {
-    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu, sms, st);
-    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu, sms, st);
-    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu, sms, st);
-    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu, sms, st);
+    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, sms, st);
+    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu.splits, sms, st);
+    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu.splits, sms, st);
+    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu.splits, sms, st);
   }
 }
 

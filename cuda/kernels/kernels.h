@@ -466,15 +466,7 @@ struct StreamTcWorkspace {
 };
 struct StreamTcTuning {
   int token_tile = 0;  // 16, 32, 64, 128; 0: from max_rows_per_group (dense) or twice typical_rows_per_group
-  int splits = 0;      // K splits per tile through the workspace (1..64); 0: none (every such split
-                       // measured slower on an H200), or cluster splits (below)
-  // Dense only (no group_offsets): the K splits of a tile as one thread-block
-  // cluster summing its partials in distributed shared memory (no workspace).
-  // 0: automatic with splits 0 (enough splits, up to 8, to fill the SMs once
-  // when the unsplit tiles would leave more than half of them idle); -1: never;
-  // 2..8: that many (splits must be 0). Fewer when the device cannot hold
-  // such a cluster.
-  int cluster = 0;
+  int splits = 0;      // K splits per tile (1..64); 0: none (every split measured slower on an H200)
 };
 bool gemm_fp8_stream_tc_supported(int N, int K);
 // The token tile the launch would choose (StreamTcTuning::token_tile 0).

@@ -548,10 +548,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
 constexpr int kStreamMaxRows = 8;
 // Rows up to which a dense linear without a bias takes gemm_fp8_stream_tc
 // rather than cuBLASLt (see linear()).
-#ifndef GLMRT_DENSE_TC_MAX_ROWS
-#define GLMRT_DENSE_TC_MAX_ROWS 32
-#endif
-constexpr int kStreamTcDenseMaxRows = GLMRT_DENSE_TC_MAX_ROWS;
+constexpr int kStreamTcDenseMaxRows = 32;
 // Rows an expert typically gets above which the routed experts run through the
 // tensor-core grouped GEMM (prefill) instead of the streaming kernel's row tiles.
 constexpr int kGroupedTcMinRows = 32;
@@ -610,9 +607,8 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   // 16 rows on those shapes: 13.1 vs 16.1 us (3072 x 5120), 7.4 vs 8.2 (5120 x
   // 1536). In the step (H200, 2k context): batch 16 15.05 -> 14.15 ms, 24 17.1
   // -> 16.4, 32 18.4 -> 17.95; with the bound at 64, batch 64 got 3% slower.
-  if (P <= kStreamTcDenseMaxRows && r.stream_tc && glmk::gemm_fp8_stream_tc_supported(N, K)) {
+  if (P <= kStreamTcDenseMaxRows && !bias && r.stream_tc && glmk::gemm_fp8_stream_tc_supported(N, K)) {
     glmk::StreamGemmArgs a = dense;
-    a.bias = bias;
     a.X = X;
     a.x_scale = xs;
     a.max_rows_per_group = P;

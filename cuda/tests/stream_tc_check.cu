@@ -11,9 +11,7 @@
 // N a multiple of 128 or not, K 128..5120, bias on and off, ldy > N) and grouped
 // ones (20 and 160 groups with empty groups, counts past one token tile, x_rows
 // permuted, rows below the bound M), each with every token tile (16, 32, 64, 128)
-// and with 1, 3 and the automatic number of K splits (dense: also cluster splits
-// of 2 and 8, none, and the automatic choice, which is cluster splits where
-// the tiles leave SMs idle). Y is poisoned first; rows
+// and with 1, 3 and the automatic number of K splits. Y is poisoned first; rows
 // past the written ones and columns past N must stay untouched. A launch must
 // repeat bit for bit, leave the split counters zero, and replay identically
 // from a CUDA graph; a workspace too small for the split asked for must give
@@ -126,20 +124,13 @@ static void check_case(const Case& c) {
   a.Y = dY.p;
   a.ldy = ldy;
   a.max_rows_per_group = grouped ? *std::max_element(c.counts.begin(), c.counts.end()) : c.M;
-  // (workspace splits, cluster splits): 1, 3 and automatic (for dense cases
-  // the automatic choice is cluster splits where the tiles leave SMs idle),
-  // and for dense cases no cluster, and clusters of 2 and 8 asked for.
-  std::vector<std::pair<int, int>> split_modes = {{1, 0}, {3, 0}, {0, 0}};
-  if (!grouped) split_modes.insert(split_modes.end(), {{0, -1}, {0, 2}, {0, 8}});
   for (int nt : {0, 16, 32, 64, 128}) {
-    for (const auto& [splits, cluster] : split_modes) {
+    for (int splits : {1, 3, 0}) {
       StreamTcTuning tu;
       tu.token_tile = nt;
       tu.splits = splits;
-      tu.cluster = cluster;
-      const std::string detail =
-          fmt("%s tile %s splits %s%s", c.name.c_str(), nt ? fmt("%d", nt).c_str() : "auto",
-              splits ? fmt("%d", splits).c_str() : "auto", cluster ? fmt(" cluster %d", cluster).c_str() : "");
+      const std::string detail = fmt("%s tile %s splits %s", c.name.c_str(), nt ? fmt("%d", nt).c_str() : "auto",
+                                     splits ? fmt("%d", splits).c_str() : "auto");
       dY.poison();
       const cudaError_t e = gemm_fp8_stream_tc(a, big.view(), tu, nullptr);
       if (g_major != 9) {
@@ -167,7 +158,7 @@ static void check_case(const Case& c) {
       size_t nonzero = 0;
       for (int v : cnt) nonzero += v != 0;
       if (nonzero) report("stream_tc counters", detail + " left non-zero", (double)nonzero, 0);
-      if (splits == 0 && cluster == 0 && nt == 0) {
+      if (splits == 0 && nt == 0) {
         // Bit-for-bit repeat, and a graph replay of the same launch.
         CK(gemm_fp8_stream_tc(a, big.view(), tu, nullptr));
         CK(cudaDeviceSynchronize());
@@ -234,10 +225,6 @@ static void check_all() {
   dense("dense M64 N512 K1536", 64, 512, 1536, true);
   dense("dense M100 N384 K640", 100, 384, 640, false);
   dense("dense M128 N256 K5120", 128, 256, 5120, false);
-  // GLM-4.7 rank shapes where the automatic choice is cluster splits: o_proj
-  // (40 weight blocks: 3 splits on 132 SMs), q|k|v with its bias (14: 8).
-  dense("dense M16 N5120 K1536 (o_proj)", 16, 5120, 1536, false);
-  dense("dense M40 N1792 K5120 bias (q|k|v)", 40, 1792, 5120, true);
   auto grouped = [&](const char* n, int M, int G, int N, int K, std::vector<int> counts, bool permute,
                      bool bias) {
     Case c;
@@ -296,24 +283,6 @@ static void check_invalid() {
   t = {};
   t.splits = -1;
   expect_invalid("splits -1", a, t);
-  for (int cl : {-2, 1, 9}) {
-    t = {};
-    t.cluster = cl;
-    expect_invalid(fmt("cluster %d", cl).c_str(), a, t);
-  }
-  t = {};
-  t.cluster = 2;
-  t.splits = 3;
-  expect_invalid("cluster 2 with workspace splits 3", a, t);
-  {
-    Dev<int> off(std::vector<int>{0, 8, 16});
-    b = a;
-    b.groups = 2;
-    b.group_offsets = off.p;
-    t = {};
-    t.cluster = 2;
-    expect_invalid("cluster 2 on a grouped launch", b, t);
-  }
   b = a;
   b.groups = 2;
   expect_invalid("groups 2 without offsets", b, {});
@@ -340,9 +309,8 @@ static void bench(const LtGemm& lt) {
   printf("\nbench: GLM-4.7 rank-0/8 decode linears; us per call (20 per CUDA graph), %% of 4.46 TB/s on weight bytes\n");
   printf("tc = gemm_fp8_stream_tc (auto tile/splits), lt = cuBLASLt FP8 (+ epilogue with bias: the runtime's path\n");
   printf("past 8 rows), stream = gemm_fp8_stream (mma.sync; the runtime's path up to 8 rows)\n");
-  printf("tc1 = the same without cluster splits (one CTA per 128-row weight block and token tile)\n");
-  printf("%-14s %5s %5s %6s | %8s %5s | %8s %5s | %8s %5s | %8s %5s | %6s\n", "linear", "M", "tile", "splits", "tc us",
-         "%", "tc1 us", "%", "lt us", "%", "stream us", "%", "lt/tc");
+  printf("%-14s %5s %5s %6s | %8s %5s | %8s %5s | %8s %5s | %6s\n", "linear", "M", "tile", "splits", "tc us", "%",
+         "lt us", "%", "stream us", "%", "lt/tc");
   struct Shape {
     const char* name;
     int N, K;
@@ -379,12 +347,6 @@ static void bench(const LtGemm& lt) {
         at(i);
         CK(gemm_fp8_stream_tc(a, wsp.view(), StreamTcTuning{}, s));
       });
-      StreamTcTuning no_cluster;
-      no_cluster.cluster = -1;
-      const float tc1 = graph_us([&](int i, cudaStream_t s) {
-        at(i);
-        CK(gemm_fp8_stream_tc(a, wsp.view(), no_cluster, s));
-      });
       const float lt_us = graph_us([&](int i, cudaStream_t s) {
         at(i);
         if (!sh.bias) {
@@ -415,10 +377,9 @@ static void bench(const LtGemm& lt) {
           printf("  sweep %-14s M %4d splits %2d: %8.2f us %4.0f%%\n", sh.name, M, sp, us, 100 * gb / (us * 1e-6) / kHbm);
         }
       }
-      printf("%-14s %5d %5d %6s | %8.2f %4.0f%% | %8.2f %4.0f%% | %8.2f %4.0f%% | %8.2f %4.0f%% | %5.2fx\n", sh.name,
-             M, tile, "auto", tc, 100 * gb / (tc * 1e-6) / kHbm, tc1, 100 * gb / (tc1 * 1e-6) / kHbm, lt_us,
-             100 * gb / (lt_us * 1e-6) / kHbm, st_us, std::isnan(st_us) ? 0.0 : 100 * gb / (st_us * 1e-6) / kHbm,
-             lt_us / tc);
+      printf("%-14s %5d %5d %6s | %8.2f %4.0f%% | %8.2f %4.0f%% | %8.2f %4.0f%% | %5.2fx\n", sh.name, M, tile, "auto",
+             tc, 100 * gb / (tc * 1e-6) / kHbm, lt_us, 100 * gb / (lt_us * 1e-6) / kHbm, st_us,
+             std::isnan(st_us) ? 0.0 : 100 * gb / (st_us * 1e-6) / kHbm, lt_us / tc);
       fflush(stdout);
     }
   }
