@@ -117,7 +117,7 @@ func (a *app) runStepGrid(ctx context.Context, be engine.Backend, g bench.StepGr
 		if err := c.Profile.WriteProfileText(a.out, fmt.Sprintf("batch %d context %d", c.Batch, c.Context)); err != nil {
 			return err
 		}
-		if err := renderTable(a.out, bench.ProfileColumns(), c.Profile.ProfileRows(bw.BytesPerSecond)); err != nil {
+		if err := renderTable(a.out, bench.ProfileColumns(bw.BytesPerSecond), c.Profile.ProfileRows(bw.BytesPerSecond)); err != nil {
 			return err
 		}
 	}
@@ -133,7 +133,7 @@ func (a *app) printRunProfiles(runs []bench.RunResult, bw bench.Bandwidth) error
 		if err := r.Profile.WriteProfileText(a.out, fmt.Sprintf("concurrency %d (prefill and decode steps)", r.Concurrency)); err != nil {
 			return err
 		}
-		if err := renderTable(a.out, bench.ProfileColumns(), r.Profile.ProfileRows(bw.BytesPerSecond)); err != nil {
+		if err := renderTable(a.out, bench.ProfileColumns(bw.BytesPerSecond), r.Profile.ProfileRows(bw.BytesPerSecond)); err != nil {
 			return err
 		}
 	}

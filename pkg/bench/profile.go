@@ -60,9 +60,15 @@ func NewProfileReport(p engine.StepProfile, floor *Floor) *ProfileReport {
 	return r
 }
 
-// ProfileColumns are the headers of ProfileRows.
-func ProfileColumns() []string {
-	return []string{"family", "µs/step", "share", "launches", "bytes/step", "GB/s", "of 4.46 TB/s"}
+// ProfileColumns are the headers of ProfileRows(bandwidth): the last column
+// names the bandwidth its percentages are of (bytes per second; the device's
+// floor bandwidth, which is not 4.46 TB/s on every GPU).
+func ProfileColumns(bandwidth float64) []string {
+	last := "of floor bandwidth"
+	if bandwidth > 0 {
+		last = fmt.Sprintf("of %.2f TB/s", bandwidth/1e12)
+	}
+	return []string{"family", "µs/step", "share", "launches", "bytes/step", "GB/s", last}
 }
 
 // ProfileRows formats the families, then a total row.

@@ -193,7 +193,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(&b, "\nProfile, concurrency %d (prefill and decode steps): GPU %s µs per step\n\n", run.Concurrency, num(run.Profile.StepUs))
-		writeMDTable(&b, ProfileColumns(), run.Profile.ProfileRows(bandwidth))
+		writeMDTable(&b, ProfileColumns(bandwidth), run.Profile.ProfileRows(bandwidth))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

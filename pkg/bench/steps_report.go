@@ -78,7 +78,7 @@ func (r *StepReport) WriteMarkdown(w io.Writer, bandwidth float64) error {
 			fmt.Fprintf(&b, ", floor %s µs, %.1f%% of floor", num(c.Profile.FloorUs), 100*c.Profile.OfFloor)
 		}
 		b.WriteString("\n\n")
-		writeMDTable(&b, ProfileColumns(), c.Profile.ProfileRows(bandwidth))
+		writeMDTable(&b, ProfileColumns(bandwidth), c.Profile.ProfileRows(bandwidth))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
