@@ -241,6 +241,22 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
   int grp = blockIdx.z, row0 = 0, cnt = a.M;
   int item = blockIdx.z, n_items = 1;
   if (MODE == kTiled) {
+    if (a.pdl) {
+      // Launched early (programmatic dependent launch): until the wait, only
+      // weights, which no kernel writes — this block's share of the group
+      // that is sure to have rows, into L2 in 4 KB pieces.
+      if (a.prefetch_group >= 0 && a.prefetch_group < a.groups) {
+        const int64_t bytes = (int64_t)a.N * a.K;
+        const int64_t blocks = (int64_t)gridDim.x * gridDim.y * gridDim.z;
+        const int64_t bid = blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z);
+        const int64_t share = ((bytes + blocks - 1) / blocks + 4095) / 4096 * 4096;
+        const int64_t beg = bid * share, end = beg + share < bytes ? beg + share : bytes;
+        const uint8_t* base = a.W + (int64_t)a.prefetch_group * bytes;
+        for (int64_t o = beg + 4096 * (int64_t)threadIdx.x; o < end; o += 4096 * (int64_t)blockDim.x)
+          prefetch_l2_bulk(base + o, (uint32_t)(end - o < 4096 ? end - o : 4096));
+      }
+      gemm_griddep_wait();
+    }
     grp = nth_group_tile<TR>(a.group_offsets, a.groups, item, row0, cnt, n_items);
     if (grp < 0) return;  // block-uniform
   } else if (MODE == kPlain && a.group_offsets) {
@@ -751,7 +767,7 @@ cudaError_t launch_stream(const StreamGemmArgs& a, const StreamTuning& tu, cudaS
   }
   StreamPlan p;
   if (!plan_stream(a, MT, R, MODE, tu, d, regs, p)) return cudaErrorInvalidValue;
-  if (MODE == kPdl) {
+  if (MODE == kPdl || (MODE == kTiled && a.pdl)) {
     // Programmatic dependent launch: the kernel may start while the previous
     // kernel of the stream runs (once that one triggers or finishes) and
     // synchronises with it through griddepcontrol.wait. Inside stream capture
@@ -852,7 +868,8 @@ cudaError_t gemm_fp8_stream_tuned(const StreamGemmArgs& a, const StreamTuning& t
   }
   if (a.K <= 0 || a.ksplit < 1 || a.K % (a.ksplit * kKStep) != 0) return cudaErrorInvalidValue;
   if (a.ksplit > 1 && (a.group_offsets || !a.ws)) return cudaErrorInvalidValue;
-  if (a.groups > 65535 || a.max_active_groups < 0 || a.typical_rows_per_group < 0)
+  if (a.groups > 65535 || a.max_active_groups < 0 || a.typical_rows_per_group < 0 ||
+      a.prefetch_group < -1 || a.prefetch_group >= a.groups)
     return cudaErrorInvalidValue;
   if (tu.tile_rows != 0 && (tu.legacy || !a.group_offsets ||
                             (tu.tile_rows != 8 && tu.tile_rows != 16 && tu.tile_rows != 32)))

@@ -355,10 +355,20 @@ struct StreamGemmArgs {
   // griddepcontrol.wait, then reads X / x_rows / scales and writes Y / ws. W
   // must not be written by any kernel still running (weights never are). Inside
   // stream capture the launch becomes a programmatic edge from a preceding
-  // kernel node (a non-kernel predecessor: an ordinary edge). Ignored (plain
-  // launch) for the grouped form, the register kernel (> 32 rows), Xf, and the
-  // split-K epilogue, which is always a plain launch after the GEMM.
+  // kernel node (a non-kernel predecessor: an ordinary edge). Grouped form in
+  // row tiles: the same launch; the blocks read nothing the previous kernel
+  // writes (offsets, rows, activations) before griddepcontrol.wait, and
+  // before it only prefetch prefetch_group's weights into L2 (below). Ignored
+  // (plain launch) for the whole-group dispatch, the register kernel (> 32
+  // rows), Xf, and the split-K epilogue, which is always a plain launch after
+  // the GEMM.
   int pdl = 0;
+  // Grouped form with pdl: a group whose rows are known to come (the shared
+  // expert, a row for every token) — the blocks ask L2 for its [N, K] weights
+  // (cp.async.bulk.prefetch.L2, spread over all blocks) while the kernel
+  // before (the router) runs, so that its stream after the wait comes from
+  // L2. -1: none.
+  int prefetch_group = -1;
 };
 cudaError_t gemm_fp8_stream(const StreamGemmArgs& a, cudaStream_t st);
 // Launch shape of the shared-memory pipelined kernel; 0 (or -1) = chosen from

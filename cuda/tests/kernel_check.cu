@@ -6,7 +6,9 @@
 // the 4.46 TB/s HBM read ceiling of an H200: the TP1 shapes, one GPU's experts
 // at 8-way expert parallelism (grouped dispatch before / after the row tiles),
 // and the TP8 dense decode shapes after a small kernel in a CUDA graph, with and
-// without programmatic dependent launch.
+// without programmatic dependent launch. Programmatic dependent launches (dense,
+// and grouped row tiles with an L2 prefetch of one group's weights) must give
+// the plain launch's bits after a kernel that rewrites their inputs.
 //
 //   kernel_check [--seed N] [--bench] [--bench-only] [--sweep] [--profile]
 //
@@ -518,6 +520,178 @@ static void check_stream_pdl(int M, int N, int K, int ksplit, StreamTuning tune 
          fmt("M=%d N=%d K=%d ksplit=%d%s: differ eager %zu graph %zu, prog. edges %d/%d", M, N, K, ksplit,
              tuning_str(tune).c_str(), bad_eager, bad_graph, prog_edges, want_edges),
          (bad_eager || bad_graph || prog_edges != want_edges) ? 1.0 : err, 1e-5);
+}
+
+// Writes X / xs as write_x_kernel does (block r: row r) and, from block 0,
+// the group offsets of iteration `it`: the counts `base` rotated by it.
+static __global__ void write_grouped_kernel(uint8_t* __restrict__ X, float* __restrict__ xs, int K,
+                                            int* __restrict__ offs, const int* __restrict__ base, int G,
+                                            int it, uint64_t seed, int trigger, long long spin_ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  if (spin_ns > 0) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      __nanosleep(1000);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while ((long long)(t - t0) < spin_ns);
+  }
+  const int r = blockIdx.x;
+  uint32_t* row = reinterpret_cast<uint32_t*>(X + (size_t)r * K);
+  for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+    uint32_t v = (uint32_t)mix64(seed + (uint64_t)r * K + 4 * i);
+    for (int b = 0; b < 4; ++b)
+      if (((v >> (8 * b)) & 0x7f) == 0x7f) v ^= 1u << (8 * b);
+    row[i] = v;
+  }
+  if (threadIdx.x == 0) xs[r] = (1.f + (float)(mix64(seed ^ (0x51ull + r)) & 255) / 256.f) / 448.f;
+  if (r == 0 && threadIdx.x == 0) {
+    int o = 0;
+    for (int g = 0; g < G; ++g) {
+      offs[g] = o;
+      o += base[(g + it) % G];
+    }
+    offs[G] = o;
+  }
+}
+
+// PDL-launched grouped GEMM (row tiles) with an L2 prefetch of one group's
+// weights: bit for bit the plain launch, eagerly and inside a captured graph,
+// each call right after a kernel that rewrites X, xs and the group offsets
+// (another routing every call), so a read of any of them before
+// griddepcontrol.wait would show; the float64 reference on the first call.
+static void check_stream_grouped_pdl(int tile_rows, int prefetch_group) {
+  const int iters = 4, G = 6, N = 272, K = 1536;
+  const std::vector<int> base = {2, 0, 5, 1, 0, 3};
+  const int rows = 11;  // sum of base: every rotation routes the same number of rows
+  std::vector<int> xr(rows);
+  for (int r = 0; r < rows; ++r) xr[r] = (r * 7) % rows;
+  std::vector<uint8_t> Wg((size_t)G * N * K);
+  for (auto& b : Wg) b = rand_fp8();
+  std::vector<float> wsg((size_t)G * N), bg((size_t)G * N);
+  for (auto& v : wsg) v = randu(0.5f, 2.f) / 448.f;
+  for (auto& v : bg) v = randn();
+  Dev<uint8_t> dW(Wg), dX((size_t)rows * K);
+  Dev<float> dws(wsg), dxs(rows), db(bg);
+  Dev<int> doff(std::vector<int>(G + 1, 0)), dbase(base), dxr(xr);
+  std::vector<std::unique_ptr<Dev<float>>> ref, out;
+  for (int i = 0; i < iters; ++i) {
+    ref.emplace_back(new Dev<float>((size_t)rows * N));
+    out.emplace_back(new Dev<float>((size_t)rows * N));
+  }
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  StreamGemmArgs a;
+  a.W = dW.p;
+  a.w_scale = dws.p;
+  a.bias = db.p;
+  a.X = dX.p;
+  a.x_scale = dxs.p;
+  a.x_rows = dxr.p;
+  a.group_offsets = doff.p;
+  a.groups = G;
+  a.M = rows;
+  a.N = N;
+  a.K = K;
+  a.ldy = N;
+  a.max_rows_per_group = 5;
+  a.typical_rows_per_group = 2;
+  StreamTuning tune;
+  tune.tile_rows = tile_rows;
+  const uint64_t seed0 = rng();
+  auto writer = [&](int i, int trigger, long long spin) {
+    write_grouped_kernel<<<rows, 128, 0, s>>>(dX.p, dxs.p, K, doff.p, dbase.p, G, i, seed0 + 7919 * i, trigger,
+                                              spin);
+    CK(cudaGetLastError());
+  };
+  for (int i = 0; i < iters; ++i) ref[i]->poison();
+  CK(cudaDeviceSynchronize());
+  std::vector<uint8_t> x0;
+  std::vector<float> xs0;
+  std::vector<int> off0;
+  for (int i = 0; i < iters; ++i) {
+    writer(i, 0, 0);
+    a.pdl = 0;
+    a.prefetch_group = -1;
+    a.Y = ref[i]->p;
+    CK(gemm_fp8_stream_tuned(a, tune, s));
+    CK(cudaStreamSynchronize(s));
+    if (i == 0) {
+      x0 = dX.down();
+      xs0 = dxs.down();
+      off0 = doff.down();
+    }
+  }
+  // Float64 reference of the first call.
+  std::vector<double> r0, y0d;
+  const std::vector<float> y0 = ref[0]->down();
+  for (int g = 0; g < G; ++g)
+    for (int r = off0[g]; r < off0[g + 1]; ++r)
+      for (int n = 0; n < N; ++n) {
+        double acc = 0;
+        const uint8_t* w = &Wg[((size_t)g * N + n) * K];
+        const uint8_t* x = &x0[(size_t)xr[r] * K];
+        for (int k = 0; k < K; ++k) acc += fp8_dec(x[k]) * fp8_dec(w[k]);
+        r0.push_back(acc * xs0[xr[r]] * wsg[(size_t)g * N + n] + bg[(size_t)g * N + n]);
+        y0d.push_back(y0[(size_t)r * N + n]);
+      }
+  const double err = rel_err(y0d, r0);
+  auto differ = [&]() {
+    size_t bad = 0;
+    for (int i = 0; i < iters; ++i) {
+      auto u = ref[i]->down(), v = out[i]->down();
+      for (size_t j = 0; j < u.size(); ++j) bad += memcmp(&u[j], &v[j], sizeof(float)) != 0;
+    }
+    return bad;
+  };
+  a.pdl = 1;
+  a.prefetch_group = prefetch_group;
+  for (int i = 0; i < iters; ++i) out[i]->poison();
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < iters; ++i) {
+    writer(i, 1, 20000);
+    a.Y = out[i]->p;
+    CK(gemm_fp8_stream_tuned(a, tune, s));
+  }
+  CK(cudaStreamSynchronize(s));
+  const size_t bad_eager = differ();
+  size_t bad_graph = 0;
+  int prog_edges = 0;
+  for (int trig = 0; trig < 2; ++trig) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < iters; ++i) {
+      writer(i, trig, 20000);
+      a.Y = out[i]->p;
+      CK(gemm_fp8_stream_tuned(a, tune, s));
+    }
+    CK(cudaStreamEndCapture(s, &graph));
+    prog_edges += programmatic_edges(graph);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      for (int i = 0; i < iters; ++i) out[i]->poison();
+      CK(cudaDeviceSynchronize());
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      bad_graph += differ();
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+  }
+  CK(cudaStreamDestroy(s));
+  report("gemm_fp8_stream grouped pdl",
+         fmt("G=6 rows 11 N=272 K=1536 tile %d prefetch group %d: differ eager %zu graph %zu, prog. edges %d/%d",
+             tile_rows, prefetch_group, bad_eager, bad_graph, prog_edges, 2 * iters),
+         (bad_eager || bad_graph || prog_edges != 2 * iters) ? 1.0 : err, 1e-5);
+  // A prefetch group outside the groups is refused.
+  a.prefetch_group = G;
+  const cudaError_t e = gemm_fp8_stream_tuned(a, tune, 0);
+  (void)cudaGetLastError();
+  report("gemm_fp8_stream grouped pdl", "prefetch group past the groups refused",
+         e == cudaErrorInvalidValue ? 0 : 1, 0);
 }
 
 // FP32-activation (exactness-check) path, dense and grouped with gather.
@@ -2030,6 +2204,9 @@ int main(int argc, char** argv) {
     check_stream_pdl(32, 1000, 1536, 1);
     check_stream_pdl(7, 2048, 5120, 4);
     check_stream_pdl(40, 1000, 1536, 2);
+    check_stream_grouped_pdl(8, 2);
+    check_stream_grouped_pdl(16, 5);
+    check_stream_grouped_pdl(8, -1);
     check_f32act();
     check_lt(lt, 200, 1024, 1536);
     check_lt(lt, 65, 272, 256);
