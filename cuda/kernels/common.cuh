@@ -177,6 +177,37 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// griddepcontrol.wait: returns once the grids this one depends on
+// (programmatic dependent launch) have completed and their writes are
+// visible; at once in a kernel launched without PDL.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Asks L2 to fetch [p, p + bytes) from HBM (no registers, no completion to
+// wait for); p 16-byte aligned, bytes a multiple of 16.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+// This block's share of [base, base + bytes) into L2, in 4 KB pieces over its
+// threads, the shares of the grid's blocks covering the range (base 16-byte
+// aligned, bytes a multiple of 16). For a kernel launched early by
+// programmatic dependent launch: weights it is sure to read, fetched while
+// the kernel before runs.
+__device__ __forceinline__ void prefetch_l2_block_share(const uint8_t* base, int64_t bytes) {
+  const int64_t blocks = (int64_t)gridDim.x * gridDim.y * gridDim.z;
+  const int64_t bid = blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z);
+  const int64_t share = ((bytes + blocks - 1) / blocks + 4095) / 4096 * 4096;
+  const int64_t beg = bid * share, end = beg + share < bytes ? beg + share : bytes;
+  for (int64_t o = beg + 4096 * (int64_t)threadIdx.x; o < end; o += 4096 * (int64_t)blockDim.x)
+    prefetch_l2_bulk(base + o, (uint32_t)(end - o < 4096 ? end - o : 4096));
+}
+
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 }  // namespace glmk

@@ -52,28 +52,9 @@ struct StreamLaunch {
                     // into L2 before griddepcontrol.wait (multiple of 16; 0: none)
 };
 
-// Programmatic dependent launch (sm_90). The trigger lets a dependent kernel
-// launched with cudaLaunchAttributeProgrammaticStreamSerialization start its
-// prologue once every block of this grid has issued it (a no-op otherwise);
-// the wait blocks until the grids this one depends on have completed and their
-// writes are visible (it returns at once in a kernel launched without PDL).
-__device__ __forceinline__ void gemm_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void gemm_griddep_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-// Asks L2 to fetch [p, p + bytes) from HBM (no registers, no completion to
-// wait for); p 16-byte aligned, bytes a multiple of 16.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
+// Programmatic dependent launch (sm_90): every kernel here triggers its
+// dependents first thing (pdl_launch_dependents, common.cuh); the PDL-launched
+// forms read what the kernel before writes only after pdl_wait.
 
 // Grouped form with a compacted grid: block z serves the z-th non-empty group
 // (group_offsets[g+1] > group_offsets[g]). Every warp finds it on its own, so
@@ -232,7 +213,7 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
   constexpr int SBYTES = stage_bytes(MT, R);
   constexpr int TR = 8 * MT;                // kTiled: rows per work item (one token chunk)
   extern __shared__ __align__(16) uint8_t smem[];
-  gemm_launch_dependents();
+  pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int KW = L.k_warps, S = L.stages;
@@ -245,17 +226,9 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
       // Launched early (programmatic dependent launch): until the wait, only
       // weights, which no kernel writes — this block's share of the group
       // that is sure to have rows, into L2 in 4 KB pieces.
-      if (a.prefetch_group >= 0 && a.prefetch_group < a.groups) {
-        const int64_t bytes = (int64_t)a.N * a.K;
-        const int64_t blocks = (int64_t)gridDim.x * gridDim.y * gridDim.z;
-        const int64_t bid = blockIdx.x + (int64_t)gridDim.x * (blockIdx.y + (int64_t)gridDim.y * blockIdx.z);
-        const int64_t share = ((bytes + blocks - 1) / blocks + 4095) / 4096 * 4096;
-        const int64_t beg = bid * share, end = beg + share < bytes ? beg + share : bytes;
-        const uint8_t* base = a.W + (int64_t)a.prefetch_group * bytes;
-        for (int64_t o = beg + 4096 * (int64_t)threadIdx.x; o < end; o += 4096 * (int64_t)blockDim.x)
-          prefetch_l2_bulk(base + o, (uint32_t)(end - o < 4096 ? end - o : 4096));
-      }
-      gemm_griddep_wait();
+      if (a.prefetch_group >= 0 && a.prefetch_group < a.groups)
+        prefetch_l2_block_share(a.W + (int64_t)a.prefetch_group * a.N * a.K, (int64_t)a.N * a.K);
+      pdl_wait();
     }
     grp = nth_group_tile<TR>(a.group_offsets, a.groups, item, row0, cnt, n_items);
     if (grp < 0) return;  // block-uniform
@@ -315,7 +288,7 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32, 1)
         const int bytes = L.pdl_l2 - done;
         if (bytes > 0) prefetch_l2_bulk(a.W + (int64_t)(n0 + lane) * K + kbeg + done, (uint32_t)bytes);
       }
-      gemm_griddep_wait();
+      pdl_wait();
       w_issued = true;
     }
 
@@ -436,7 +409,7 @@ constexpr int kRegRowsPerBlock = kMaxBlockWarps * kTileRows;
 template <int MT>
 __global__ void __launch_bounds__(kMaxBlockWarps * 32)
     reg_stream_gemm_kernel(StreamGemmArgs a, int k_per_split) {
-  gemm_launch_dependents();
+  pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   int grp = blockIdx.z, row0 = 0, cnt = a.M;
@@ -517,7 +490,7 @@ __global__ void __launch_bounds__(kMaxBlockWarps * 32)
 constexpr int kF32Rows = 8;
 constexpr int kWarps = 8;
 __global__ void __launch_bounds__(kWarps * 32) f32act_gemm_kernel(StreamGemmArgs a) {
-  gemm_launch_dependents();
+  pdl_launch_dependents();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int grp = blockIdx.y;
   int row0 = 0, cnt = a.M;
@@ -565,7 +538,7 @@ __global__ void epilogue_kernel(const float* __restrict__ ws, int ksplit, int M,
                                 const float* __restrict__ xs, const float* __restrict__ wsc,
                                 const float* __restrict__ bias, float* __restrict__ Y,
                                 int64_t ldy) {
-  gemm_launch_dependents();
+  pdl_launch_dependents();
   const int64_t total = (int64_t)M * N;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
        i += (int64_t)gridDim.x * blockDim.x) {

@@ -13,8 +13,10 @@
 // permuted, rows below the bound M), each with every token tile (16, 32, 64, 128)
 // and with 1, 3 and the automatic number of K splits. Y is poisoned first; rows
 // past the written ones and columns past N must stay untouched. A launch must
-// repeat bit for bit, leave the split counters zero, and replay identically
-// from a CUDA graph; a workspace too small for the split asked for must give
+// repeat bit for bit, leave the split counters zero, replay identically
+// from a CUDA graph, and give the same bits launched with programmatic
+// dependent launch (and an L2 prefetch of group 0) right after a kernel that
+// restores its poisoned inputs (eagerly and captured); a workspace too small for the split asked for must give
 // fewer splits, not wrong results; invalid arguments are refused.
 // Prints one row per check and "stream_tc_check: N checks, M failed"; exits 1
 // on any failure.
@@ -58,6 +60,26 @@ struct Workspace {
   Workspace(size_t floats, int counters_n) : partials(floats), counters(counters_n) { counters.zero(); }
   StreamTcWorkspace view() const { return {partials.p, partials.n, counters.p, (int)counters.n}; }
 };
+
+// After spin_ns, copies X and the group offsets back from their sources (the
+// launch before poisons them): a PDL-launched GEMM that read either before
+// griddepcontrol.wait would see the poison. Triggers its dependents first.
+static __global__ void restore_inputs_kernel(uint8_t* X, const uint8_t* X_src, size_t nx, int* offs,
+                                             const int* offs_src, int n_offs, long long spin_ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (spin_ns > 0) {
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+      __nanosleep(1000);
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while ((long long)(t - t0) < spin_ns);
+  }
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nx; i += (size_t)gridDim.x * blockDim.x)
+    X[i] = X_src[i];
+  if (offs && blockIdx.x == 0)
+    for (int i = threadIdx.x; i < n_offs; i += blockDim.x) offs[i] = offs_src[i];
+}
 
 struct Case {
   std::string name;
@@ -179,6 +201,40 @@ static void check_case(const Case& c) {
         const std::vector<float> y3 = dY.down();
         report("stream_tc graph", c.name + " replay x3 bit for bit",
                memcmp(y.data(), y3.data(), y.size() * sizeof(float)) == 0 ? 0 : 1, 0);
+        // Programmatic dependent launch with an L2 prefetch of group 0, right
+        // after a kernel that restores X and the offsets from poison (eagerly
+        // and captured): the plain launch's bits.
+        {
+          Dev<uint8_t> Xsrc(X);
+          Dev<int> offsrc(off);
+          StreamGemmArgs p = a;
+          p.pdl = 1;
+          p.prefetch_group = 0;
+          for (int captured = 0; captured < 2; ++captured) {
+            dY.poison();
+            dX.poison();
+            if (grouped) doff.zero();  // zero offsets: no tiles, Y would stay poisoned
+            CK(cudaDeviceSynchronize());
+            cudaGraph_t pg = nullptr;
+            cudaGraphExec_t pe = nullptr;
+            if (captured) CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+            restore_inputs_kernel<<<64, 256, 0, s>>>(dX.p, Xsrc.p, X.size(), grouped ? doff.p : nullptr,
+                                                    offsrc.p, (int)off.size(), 20000);
+            CK(cudaGetLastError());
+            CK(gemm_fp8_stream_tc(p, big.view(), tu, s));
+            if (captured) {
+              CK(cudaStreamEndCapture(s, &pg));
+              CK(cudaGraphInstantiate(&pe, pg, 0));
+              CK(cudaGraphLaunch(pe, s));
+            }
+            CK(cudaStreamSynchronize(s));
+            const std::vector<float> y5 = dY.down();
+            report("stream_tc pdl", c.name + (captured ? " in a graph" : " eager") + ", bit for bit",
+                   memcmp(y.data(), y5.data(), y.size() * sizeof(float)) == 0 ? 0 : 1, 0);
+            if (pe) CK(cudaGraphExecDestroy(pe));
+            if (pg) CK(cudaGraphDestroy(pg));
+          }
+        }
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
         CK(cudaStreamDestroy(s));
