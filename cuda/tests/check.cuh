@@ -134,6 +134,18 @@ static inline std::vector<float> make_inv_freq(int rot, float theta) {
 static const uint16_t kBf16NaN = 0x7fc0;
 
 // Fast normal-ish samples for bulk data (sum of 4 uniforms, unit variance).
+// Busy-waits about ns nanoseconds on the GPU (a kernel that finishes late, so
+// that a dependent launched early would show a read that came too soon).
+static __device__ __forceinline__ void spin_for_ns(long long ns) {
+  if (ns <= 0) return;
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    __nanosleep(1000);
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while ((long long)(t - t0) < ns);
+}
+
 struct FastRng {
   uint64_t s;
   uint64_t next() { return mix64(s += 0x9E3779B97F4A7C15ull); }

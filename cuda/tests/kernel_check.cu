@@ -15,6 +15,7 @@
 // --sweep: the bench plus every launch shape of the streaming kernel
 // (StreamTuning) on the full-size shapes, the fastest printed per shape.
 // --profile: two calls of each decode kernel at M=1 and nothing else (for ncu).
+#include <functional>
 #include <memory>
 #include <numeric>
 
@@ -376,14 +377,7 @@ static __global__ void write_x_kernel(uint8_t* __restrict__ X, float* __restrict
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  if (spin_ns > 0) {
-    uint64_t t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-      __nanosleep(1000);
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while ((long long)(t - t0) < spin_ns);
-  }
+  spin_for_ns(spin_ns);
   const int r = blockIdx.x;
   uint32_t* row = reinterpret_cast<uint32_t*>(X + (size_t)r * K);
   for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
@@ -405,6 +399,61 @@ static int programmatic_edges(cudaGraph_t graph) {
   int p = 0;
   for (size_t i = 0; i < n; ++i) p += ed[i].type == cudaGraphDependencyTypeProgrammatic;
   return p;
+}
+
+// What a run of PDL launches gave against the plain launches' outputs.
+struct PdlRun {
+  size_t bad_eager = 0, bad_graph = 0;  // floats that differ
+  int prog_edges = 0;                   // programmatic edges of the two captured graphs
+};
+
+// The calls i = 0..iters-1 of writer(i, trigger, spin_ns) then gemm(i, Y) with
+// Y = out[i]: eagerly (writers triggering their dependents at once, then
+// spinning), then captured in a graph (writers with and without the early
+// trigger) replayed twice; each time out[] against ref[] bit for bit.
+static PdlRun run_pdl_calls(cudaStream_t s, int iters, const std::vector<std::unique_ptr<Dev<float>>>& ref,
+                            const std::vector<std::unique_ptr<Dev<float>>>& out,
+                            const std::function<void(int, int, long long)>& writer,
+                            const std::function<void(int, float*)>& gemm) {
+  auto differ = [&]() {
+    size_t bad = 0;
+    for (int i = 0; i < iters; ++i) {
+      auto u = ref[i]->down(), v = out[i]->down();
+      for (size_t j = 0; j < u.size(); ++j) bad += memcmp(&u[j], &v[j], sizeof(float)) != 0;
+    }
+    return bad;
+  };
+  PdlRun r;
+  for (int i = 0; i < iters; ++i) out[i]->poison();
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < iters; ++i) {
+    writer(i, 1, 20000);
+    gemm(i, out[i]->p);
+  }
+  CK(cudaStreamSynchronize(s));
+  r.bad_eager = differ();
+  for (int trig = 0; trig < 2; ++trig) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < iters; ++i) {
+      writer(i, trig, 20000);
+      gemm(i, out[i]->p);
+    }
+    CK(cudaStreamEndCapture(s, &graph));
+    r.prog_edges += programmatic_edges(graph);
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int rep = 0; rep < 2; ++rep) {
+      for (int i = 0; i < iters; ++i) out[i]->poison();
+      CK(cudaDeviceSynchronize());
+      CK(cudaGraphLaunch(exec, s));
+      CK(cudaStreamSynchronize(s));
+      r.bad_graph += differ();
+    }
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+  }
+  return r;
 }
 
 // PDL-launched dense GEMM: bit for bit the plain launch, eagerly on a stream
@@ -467,59 +516,19 @@ static void check_stream_pdl(int M, int N, int K, int ksplit, StreamTuning tune 
     for (int n = 0; n < N; ++n) r0.push_back(linear_ref(c0, r, n, c.W.data(), c.ws.data(), c.bias.data()));
   auto y0 = ref[0]->down();
   const double err = rel_err(std::vector<double>(y0.begin(), y0.end()), r0);
-  auto differ = [&]() {
-    size_t bad = 0;
-    for (int i = 0; i < iters; ++i) {
-      auto u = ref[i]->down(), v = out[i]->down();
-      for (size_t j = 0; j < u.size(); ++j) bad += memcmp(&u[j], &v[j], sizeof(float)) != 0;
-    }
-    return bad;
-  };
-  // Eager PDL launches after a writer that triggers at once and then waits.
-  for (int i = 0; i < iters; ++i) out[i]->poison();
-  CK(cudaDeviceSynchronize());
   a.pdl = 1;
-  for (int i = 0; i < iters; ++i) {
-    writer(i, 1, 20000);
-    a.Y = out[i]->p;
+  const PdlRun run = run_pdl_calls(s, iters, ref, out, writer, [&](int, float* Y) {
+    a.Y = Y;
     CK(gemm_fp8_stream_tuned(a, tune, s));
-  }
-  CK(cudaStreamSynchronize(s));
-  const size_t bad_eager = differ();
-  // The same captured in a graph (writers with and without the early trigger),
-  // replayed twice.
-  size_t bad_graph = 0;
-  int prog_edges = 0;
-  for (int trig = 0; trig < 2; ++trig) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < iters; ++i) {
-      writer(i, trig, 20000);
-      a.Y = out[i]->p;
-      CK(gemm_fp8_stream_tuned(a, tune, s));
-    }
-    CK(cudaStreamEndCapture(s, &graph));
-    prog_edges += programmatic_edges(graph);
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 2; ++rep) {
-      for (int i = 0; i < iters; ++i) out[i]->poison();
-      CK(cudaDeviceSynchronize());
-      CK(cudaGraphLaunch(exec, s));
-      CK(cudaStreamSynchronize(s));
-      bad_graph += differ();
-    }
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
-  }
+  });
   CK(cudaStreamDestroy(s));
   // PDL applies to the pipelined kernel (<= 32 rows): one programmatic edge
   // writer -> GEMM per call and graph; the register kernel is launched plainly.
   const int want_edges = M <= 32 ? 2 * iters : 0;
   report("gemm_fp8_stream pdl",
          fmt("M=%d N=%d K=%d ksplit=%d%s: differ eager %zu graph %zu, prog. edges %d/%d", M, N, K, ksplit,
-             tuning_str(tune).c_str(), bad_eager, bad_graph, prog_edges, want_edges),
-         (bad_eager || bad_graph || prog_edges != want_edges) ? 1.0 : err, 1e-5);
+             tuning_str(tune).c_str(), run.bad_eager, run.bad_graph, run.prog_edges, want_edges),
+         (run.bad_eager || run.bad_graph || run.prog_edges != want_edges) ? 1.0 : err, 1e-5);
 }
 
 // Writes X / xs as write_x_kernel does (block r: row r) and, from block 0,
@@ -530,14 +539,7 @@ static __global__ void write_grouped_kernel(uint8_t* __restrict__ X, float* __re
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
-  if (spin_ns > 0) {
-    uint64_t t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-      __nanosleep(1000);
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while ((long long)(t - t0) < spin_ns);
-  }
+  spin_for_ns(spin_ns);
   const int r = blockIdx.x;
   uint32_t* row = reinterpret_cast<uint32_t*>(X + (size_t)r * K);
   for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
@@ -638,54 +640,17 @@ static void check_stream_grouped_pdl(int tile_rows, int prefetch_group) {
         y0d.push_back(y0[(size_t)r * N + n]);
       }
   const double err = rel_err(y0d, r0);
-  auto differ = [&]() {
-    size_t bad = 0;
-    for (int i = 0; i < iters; ++i) {
-      auto u = ref[i]->down(), v = out[i]->down();
-      for (size_t j = 0; j < u.size(); ++j) bad += memcmp(&u[j], &v[j], sizeof(float)) != 0;
-    }
-    return bad;
-  };
   a.pdl = 1;
   a.prefetch_group = prefetch_group;
-  for (int i = 0; i < iters; ++i) out[i]->poison();
-  CK(cudaDeviceSynchronize());
-  for (int i = 0; i < iters; ++i) {
-    writer(i, 1, 20000);
-    a.Y = out[i]->p;
+  const PdlRun run = run_pdl_calls(s, iters, ref, out, writer, [&](int, float* Y) {
+    a.Y = Y;
     CK(gemm_fp8_stream_tuned(a, tune, s));
-  }
-  CK(cudaStreamSynchronize(s));
-  const size_t bad_eager = differ();
-  size_t bad_graph = 0;
-  int prog_edges = 0;
-  for (int trig = 0; trig < 2; ++trig) {
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < iters; ++i) {
-      writer(i, trig, 20000);
-      a.Y = out[i]->p;
-      CK(gemm_fp8_stream_tuned(a, tune, s));
-    }
-    CK(cudaStreamEndCapture(s, &graph));
-    prog_edges += programmatic_edges(graph);
-    CK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int rep = 0; rep < 2; ++rep) {
-      for (int i = 0; i < iters; ++i) out[i]->poison();
-      CK(cudaDeviceSynchronize());
-      CK(cudaGraphLaunch(exec, s));
-      CK(cudaStreamSynchronize(s));
-      bad_graph += differ();
-    }
-    CK(cudaGraphExecDestroy(exec));
-    CK(cudaGraphDestroy(graph));
-  }
+  });
   CK(cudaStreamDestroy(s));
   report("gemm_fp8_stream grouped pdl",
          fmt("G=6 rows 11 N=272 K=1536 tile %d prefetch group %d: differ eager %zu graph %zu, prog. edges %d/%d",
-             tile_rows, prefetch_group, bad_eager, bad_graph, prog_edges, 2 * iters),
-         (bad_eager || bad_graph || prog_edges != 2 * iters) ? 1.0 : err, 1e-5);
+             tile_rows, prefetch_group, run.bad_eager, run.bad_graph, run.prog_edges, 2 * iters),
+         (run.bad_eager || run.bad_graph || run.prog_edges != 2 * iters) ? 1.0 : err, 1e-5);
   // A prefetch group outside the groups is refused.
   a.prefetch_group = G;
   const cudaError_t e = gemm_fp8_stream_tuned(a, tune, 0);

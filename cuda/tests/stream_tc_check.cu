@@ -67,14 +67,7 @@ struct Workspace {
 static __global__ void restore_inputs_kernel(uint8_t* X, const uint8_t* X_src, size_t nx, int* offs,
                                              const int* offs_src, int n_offs, long long spin_ns) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  if (spin_ns > 0) {
-    uint64_t t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-      __nanosleep(1000);
-      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while ((long long)(t - t0) < spin_ns);
-  }
+  spin_for_ns(spin_ns);
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < nx; i += (size_t)gridDim.x * blockDim.x)
     X[i] = X_src[i];
   if (offs && blockIdx.x == 0)
