@@ -50,6 +50,34 @@ func TestBenchJSON(t *testing.T) {
 	}
 }
 
+// --speculative mtp --speculative-compare on the tiny model (CPU): two runs per
+// concurrency, drafting off then on, the second with its speed-up, in JSON and
+// in the table.
+func TestBenchSpeculativeCompare(t *testing.T) {
+	out, errOut, code := benchCLI(t, "--concurrency", "2", "--requests", "2", "--speculative", "mtp",
+		"--speculative-compare", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("bad JSON %q: %v", out, err)
+	}
+	if len(rep.Runs) != 2 || rep.Runs[0].Speculation != "off" || rep.Runs[1].Speculation != "on" ||
+		rep.Runs[0].Steps.DraftsVerified != 0 || rep.Runs[1].Steps.DraftsVerified == 0 || !(rep.Runs[1].SpeedupVsPlain > 0) {
+		t.Fatalf("runs %+v", rep.Runs)
+	}
+	out, errOut, code = benchCLI(t, "--concurrency", "2", "--requests", "2", "--speculative", "mtp", "--speculative-compare")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"speculation", "× off", "drafts accepted"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 func TestBenchTextAndMarkdown(t *testing.T) {
 	out, errOut, code := benchCLI(t, "--concurrency", "2", "--requests", "2")
 	if code != 0 {
@@ -84,6 +112,8 @@ func TestBenchBadInput(t *testing.T) {
 		{"projection EP", []string{"--project-model", "../../testdata/glm-4.7-fp8", "--project-ep", "3"}, "ep: 3 must divide tp 8"},
 		{"concurrency over max-seqs", []string{"--concurrency", "4", "--max-seqs", "2"}, "--max-seqs"},
 		{"output too short", []string{"--output-len", "1"}, "output length"},
+		{"speculative compare without drafting", []string{"--speculative-compare"}, "--speculative-compare: only means something with --speculative mtp"},
+		{"speculative compare on the grid", []string{"--speculative", "mtp", "--speculative-compare", "--batches", "1", "--contexts", "16"}, "--speculative-compare"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

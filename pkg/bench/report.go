@@ -51,10 +51,36 @@ func (r *Report) Columns() []string {
 	if r.hasDrafts() {
 		cols = append(cols, "drafts accepted")
 	}
+	if r.comparesSpeculation() {
+		cols = append(cols, "speculation")
+	}
 	if r.hasGPU() {
 		cols = append(cols, gpuColumns()...)
 	}
 	return cols
+}
+
+// comparesSpeculation reports whether the runs come in pairs with drafting
+// off and on (Workload.CompareSpeculation); the table then says which is which
+// and the speed-up.
+func (r *Report) comparesSpeculation() bool {
+	for _, run := range r.Runs {
+		if run.Speculation != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// speculationCell is "off", or "on, 1.31× off" (the output tok/s speed-up).
+func speculationCell(run RunResult) string {
+	switch {
+	case run.Speculation == "on" && run.SpeedupVsPlain > 0:
+		return fmt.Sprintf("on, %.2f× off", run.SpeedupVsPlain)
+	case run.Speculation != "":
+		return run.Speculation
+	}
+	return "-"
 }
 
 // hasDrafts reports whether any run verified draft tokens (speculative
@@ -109,6 +135,9 @@ func (r *Report) TableRows() [][]string {
 		if r.hasDrafts() {
 			row = append(row, fmt.Sprintf("%.1f%% of %d", 100*run.Steps.DraftAcceptance, run.Steps.DraftsVerified))
 		}
+		if r.comparesSpeculation() {
+			row = append(row, speculationCell(run))
+		}
 		if r.hasGPU() {
 			row = append(row, gpuCells(run.GPU)...)
 		}
@@ -129,6 +158,9 @@ func (r *Report) HeaderLines() [][2]string {
 		{"engine", h.EngineConfig},
 		{"workload", fmt.Sprintf("input %d, output %d tokens per request (EOS ignored), random prompt ids (seed %d), %s, warm-up %s",
 			w.InputLen, w.OutputLen, w.Seed, h.Sampling, warmupText(w.Warmup))},
+	}
+	if w.CompareSpeculation {
+		lines = append(lines, [2]string{"speculation", "each concurrency twice with the same prompts: every request's drafting off, then on as the engine is set; speed-up = output tok/s on ÷ off"})
 	}
 	if b := h.Floor; b != nil {
 		lines = append(lines, [2]string{"floor", basisText(b)})

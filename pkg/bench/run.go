@@ -38,6 +38,15 @@ type Workload struct {
 	// inter-token latency while it was prefilled (chunked prefill mixed
 	// with decode under the step's token budget).
 	ArrivalLen int `json:"arrival_len,omitempty"`
+	// CompareSpeculation: each concurrency runs twice on the same engine with
+	// the same prompts, first with every request's speculative decoding off
+	// (engine.SpeculationOff), then as the engine is set; the second run's
+	// SpeedupVsPlain is its output tok/s over the first's. The engine must
+	// draft (Config.DraftTokens > 0).
+	CompareSpeculation bool `json:"compare_speculation,omitempty"`
+
+	// speculation is what every request of the run in progress asks for.
+	speculation engine.Speculation
 }
 
 // Limits on a workload, to keep a typo from allocating gigabytes of prompts.
@@ -97,6 +106,8 @@ func (w Workload) Check(lim engine.Limits) error {
 		return fmt.Errorf("temperature: must be >= 0, got %g", w.Temperature)
 	case lim.VocabSize <= 0:
 		return fmt.Errorf("vocab size: engine reports %d", lim.VocabSize)
+	case w.CompareSpeculation && lim.DraftTokens <= 0:
+		return errors.New("compare speculation: the engine does not draft (start it with speculative decoding, --speculative mtp)")
 	}
 	return nil
 }
@@ -238,6 +249,11 @@ type RunResult struct {
 	Arrival *ArrivalResult `json:"arrival,omitempty"`
 	// GPU is what the GPUs did during the measured part (Hooks.GPU).
 	GPU *GPUTelemetry `json:"gpu,omitempty"`
+	// With Workload.CompareSpeculation: "off" for the run with every
+	// request's drafting off, "on" for the run as the engine is set, whose
+	// SpeedupVsPlain is its output tok/s over the "off" run's.
+	Speculation    string  `json:"speculation,omitempty"`
+	SpeedupVsPlain float64 `json:"speedup_vs_plain,omitempty"`
 }
 
 // ArrivalResult is what a long prompt arriving among decoding streams did.
@@ -307,9 +323,32 @@ func RunHooked(ctx context.Context, eng *engine.Engine, w Workload, h Hooks) ([]
 		if h.RunStart != nil {
 			h.RunStart(c, w.requestsFor(c))
 		}
+		if w.CompareSpeculation {
+			// The same prompts (run index i) with drafting off, then on.
+			plain := w
+			plain.speculation = engine.SpeculationOff
+			r, err := runOne(ctx, eng, plain, c, uint64(i), h)
+			if err != nil {
+				return results, fmt.Errorf("run at concurrency %d, speculation off: %w", c, err)
+			}
+			r.Speculation = "off"
+			results = append(results, r)
+			if h.RunDone != nil {
+				h.RunDone(r)
+			}
+			if h.RunStart != nil {
+				h.RunStart(c, w.requestsFor(c))
+			}
+		}
 		r, err := runOne(ctx, eng, w, c, uint64(i), h)
 		if err != nil {
 			return results, fmt.Errorf("run at concurrency %d: %w", c, err)
+		}
+		if w.CompareSpeculation {
+			r.Speculation = "on"
+			if off := results[len(results)-1].OutputTokensPerSecond; off > 0 {
+				r.SpeedupVsPlain = r.OutputTokensPerSecond / off
+			}
 		}
 		results = append(results, r)
 		if h.RunDone != nil {
@@ -467,6 +506,7 @@ func drive(ctx context.Context, eng *engine.Engine, w Workload, c int, prompts [
 					MaxTokens:    w.OutputLen,
 					IgnoreEOS:    true,
 					Sampling:     engine.SamplingParams{Temperature: w.Temperature, TopP: 1, RepetitionPenalty: 1},
+					Speculation:  w.speculation,
 				}
 				if w.Temperature > 0 {
 					req.Sampling.Seed, req.Sampling.HasSeed = seedBase+int64(i), true
@@ -611,7 +651,8 @@ func driveWithArrival(ctx context.Context, eng *engine.Engine, w Workload, c int
 	}
 	req := &engine.Request{
 		Label: "bench-arrival", PromptTokens: long, MaxTokens: 1, IgnoreEOS: true,
-		Sampling: engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1},
+		Sampling:    engine.SamplingParams{Temperature: 0, TopP: 1, RepetitionPenalty: 1},
+		Speculation: w.speculation,
 	}
 	at, err := oneRequest(ctx, eng, req, 1, nil)
 	if err != nil {

@@ -76,6 +76,7 @@ func TestWorkloadCheck(t *testing.T) {
 		{"too long", func(w *Workload) { w.InputLen = 97 }, "max model length 100"},
 		{"negative requests", func(w *Workload) { w.Requests = -1 }, "requests"},
 		{"negative temperature", func(w *Workload) { w.Temperature = -1 }, "temperature"},
+		{"compare speculation without drafting", func(w *Workload) { w.CompareSpeculation = true }, "does not draft"},
 	}
 	for _, tt := range tests {
 		w := ok
@@ -89,6 +90,71 @@ func TestWorkloadCheck(t *testing.T) {
 	}
 	if n := (Workload{Requests: 2}).requestsFor(5); n != 5 {
 		t.Errorf("requests below concurrency: %d, want 5", n)
+	}
+}
+
+// CompareSpeculation on the real engine with the tiny model's MTP layer (CPU
+// backend): each concurrency gives a run with drafting off (no draft
+// verified) then one with it on (drafts verified), the same requests, and the
+// second carries its output tok/s over the first's; the table says which is
+// which.
+func TestRunCompareSpeculation(t *testing.T) {
+	be, err := cpu.Open(tinyDir, cpu.Options{KVBlockSize: 16, NumKVBlocks: 64, Threads: 2, DraftTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, stop, err := engine.Start(context.Background(), be, engine.Config{MaxBatchedTokens: 256, MaxSeqs: 8, DraftTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stop()
+		be.Close()
+	})
+	w := Workload{Concurrency: []int{1, 2}, Requests: 2, Warmup: 0, InputLen: 12, OutputLen: 6, Seed: 3, CompareSpeculation: true}
+	runs, err := Run(context.Background(), eng, w, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 4 {
+		t.Fatalf("%d runs, want 4 (off and on per concurrency)", len(runs))
+	}
+	for i := 0; i < 4; i += 2 {
+		off, on := runs[i], runs[i+1]
+		if off.Concurrency != on.Concurrency || off.Speculation != "off" || on.Speculation != "on" {
+			t.Fatalf("runs %d, %d: concurrency %d / %d, speculation %q / %q", i, i+1, off.Concurrency, on.Concurrency,
+				off.Speculation, on.Speculation)
+		}
+		if off.Steps.DraftsVerified != 0 || on.Steps.DraftsVerified == 0 {
+			t.Errorf("conc %d: drafts verified off %d, on %d (want 0 and > 0)", on.Concurrency,
+				off.Steps.DraftsVerified, on.Steps.DraftsVerified)
+		}
+		if off.OutputTokens != on.OutputTokens || off.PromptTokens != on.PromptTokens {
+			t.Errorf("conc %d: tokens off %d/%d, on %d/%d", on.Concurrency, off.PromptTokens, off.OutputTokens,
+				on.PromptTokens, on.OutputTokens)
+		}
+		if want := on.OutputTokensPerSecond / off.OutputTokensPerSecond; off.SpeedupVsPlain != 0 || !within(on.SpeedupVsPlain, want, 1e-12) {
+			t.Errorf("conc %d: speed-up off %g, on %g, want 0 and %g", on.Concurrency, off.SpeedupVsPlain, on.SpeedupVsPlain, want)
+		}
+	}
+	rep := &Report{Header: Header{Workload: w}, Runs: runs}
+	cols := rep.Columns()
+	if cols[len(cols)-1] != "speculation" {
+		t.Fatalf("columns %v: want speculation last", cols)
+	}
+	rows := rep.TableRows()
+	if got := rows[0][len(cols)-1]; got != "off" {
+		t.Errorf("off row's cell %q", got)
+	}
+	if got := rows[1][len(cols)-1]; !strings.HasPrefix(got, "on, ") || !strings.HasSuffix(got, "× off") {
+		t.Errorf("on row's cell %q, want \"on, N.NN× off\"", got)
+	}
+	var found bool
+	for _, l := range rep.HeaderLines() {
+		found = found || l[0] == "speculation"
+	}
+	if !found {
+		t.Error("no speculation header line")
 	}
 }
 
