@@ -65,7 +65,7 @@ and failures by kind. --model is then the served model's name. See docs/bench.md
 	f.Int("input-len", 128, "prompt tokens per request")
 	f.Int("output-len", 128, "generated tokens per request (EOS ignored)")
 	f.Int("arrival-len", 0, "once each run's streams are decoding, one more request with a prompt of this many tokens arrives: report its TTFT and the streams' inter-token latency during its prefill (0 = none)")
-	f.Bool("speculative-compare", false, "with --speculative mtp: run each concurrency twice with the same prompts, first with every request's drafting off, then on, and report the speed-up in output tok/s")
+	f.Bool("speculative-compare", false, "with --speculative mtp: run each concurrency twice with the same prompts, first with every request's drafting off, then on, and report the speed-up in output tok/s (each run warms up with at least one request per slot)")
 	f.Int("requests", 0, "measured requests per run (0 = 4 × concurrency; never fewer than the concurrency)")
 	f.Int("warmup", -1, "warm-up requests before each run, not measured (-1 = one per in-flight slot)")
 	f.Int64("seed", 0, "seed of the random prompts (and of sampling with --temperature)")

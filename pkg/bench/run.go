@@ -41,8 +41,9 @@ type Workload struct {
 	// CompareSpeculation: each concurrency runs twice on the same engine with
 	// the same prompts, first with every request's speculative decoding off
 	// (engine.SpeculationOff), then as the engine is set; the second run's
-	// SpeedupVsPlain is its output tok/s over the first's. The engine must
-	// draft (Config.DraftTokens > 0).
+	// SpeedupVsPlain is its output tok/s over the first's. Each run warms up
+	// with at least one request per in-flight slot. The engine must draft
+	// (Config.DraftTokens > 0).
 	CompareSpeculation bool `json:"compare_speculation,omitempty"`
 
 	// speculation is what every request of the run in progress asks for.
@@ -65,9 +66,12 @@ func (w Workload) requestsFor(c int) int {
 	return max(n, c)
 }
 
-// warmupFor is the number of warm-up requests before the run at concurrency c.
+// warmupFor is the number of warm-up requests before the run at concurrency c:
+// with CompareSpeculation at least c, so that neither run of a pair pays the
+// first use of its batch shapes (CUDA graph capture: ~90 ms at batch 8 on the
+// GPU, which a one-request warm-up left to the first measured run).
 func (w Workload) warmupFor(c int) int {
-	if w.Warmup < 0 {
+	if w.Warmup < 0 || (w.CompareSpeculation && w.Warmup < c) {
 		return c
 	}
 	return w.Warmup

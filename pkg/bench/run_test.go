@@ -112,6 +112,9 @@ func TestRunCompareSpeculation(t *testing.T) {
 		be.Close()
 	})
 	w := Workload{Concurrency: []int{1, 2}, Requests: 2, Warmup: 0, InputLen: 12, OutputLen: 6, Seed: 3, CompareSpeculation: true}
+	if n := w.warmupFor(2); n != 2 {
+		t.Errorf("warm-up at concurrency 2 while comparing: %d, want 2 (at least one per slot)", n)
+	}
 	runs, err := Run(context.Background(), eng, w, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -121,6 +124,9 @@ func TestRunCompareSpeculation(t *testing.T) {
 	}
 	for i := 0; i < 4; i += 2 {
 		off, on := runs[i], runs[i+1]
+		if off.Warmup != off.Concurrency || on.Warmup != on.Concurrency {
+			t.Errorf("conc %d: warm-up %d / %d requests", on.Concurrency, off.Warmup, on.Warmup)
+		}
 		if off.Concurrency != on.Concurrency || off.Speculation != "off" || on.Speculation != "on" {
 			t.Fatalf("runs %d, %d: concurrency %d / %d, speculation %q / %q", i, i+1, off.Concurrency, on.Concurrency,
 				off.Speculation, on.Speculation)
