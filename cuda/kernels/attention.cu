@@ -900,21 +900,7 @@ cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, cudaStream_t
   cudaError_t e = dec_prepare<S>(smem);
   if (e != cudaSuccess) return e;
   const dim3 grid(a.max_splits, a.n_kv_heads, a.n_seqs);
-  if (!a.pdl) {
-    decode_attn_kernel<S><<<grid, kDecThreads, smem, st>>>(a, p);
-    return cudaGetLastError();
-  }
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = dim3(kDecThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, decode_attn_kernel<S>, a, p);
+  return launch_kernel(a.pdl != 0, decode_attn_kernel<S>, grid, dim3(kDecThreads), smem, st, a, p);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <utility>
+
 #include "kernels.h"
 
 namespace glmk {
@@ -206,6 +208,29 @@ __device__ __forceinline__ void prefetch_l2_block_share(const uint8_t* base, int
   const int64_t beg = bid * share, end = beg + share < bytes ? beg + share : bytes;
   for (int64_t o = beg + 4096 * (int64_t)threadIdx.x; o < end; o += 4096 * (int64_t)blockDim.x)
     prefetch_l2_bulk(base + o, (uint32_t)(end - o < 4096 ? end - o : 4096));
+}
+
+// Launches kernel on st, with programmatic dependent launch when pdl
+// (ProgrammaticStreamSerialization: the kernel may start while the previous
+// kernel of the stream runs, once that one triggers its dependents, and must
+// pdl_wait before touching what it writes; inside stream capture the launch
+// becomes a programmatic edge when the previous node is a kernel), else as an
+// ordinary launch. Returns the launch error or cudaGetLastError().
+template <class... P, class... A>
+cudaError_t launch_kernel(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                          A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

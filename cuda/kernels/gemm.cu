@@ -740,27 +740,10 @@ cudaError_t launch_stream(const StreamGemmArgs& a, const StreamTuning& tu, cudaS
   }
   StreamPlan p;
   if (!plan_stream(a, MT, R, MODE, tu, d, regs, p)) return cudaErrorInvalidValue;
-  if (MODE == kPdl || (MODE == kTiled && a.pdl)) {
-    // Programmatic dependent launch: the kernel may start while the previous
-    // kernel of the stream runs (once that one triggers or finishes) and
-    // synchronises with it through griddepcontrol.wait. Inside stream capture
-    // this becomes a programmatic edge when the previous node is a kernel.
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = p.grid;
-    cfg.blockDim = dim3(p.threads);
-    cfg.dynamicSmemBytes = p.smem;
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, stream_gemm_kernel<MT, R, MODE>, a, p.launch);
-    if (e != cudaSuccess) return e;
-  } else {
-    stream_gemm_kernel<MT, R, MODE><<<p.grid, p.threads, p.smem, st>>>(a, p.launch);
-  }
-  return cudaGetLastError();
+  // kPdl, and kTiled with a.pdl: programmatic dependent launch (the kernel
+  // reads what the previous kernel writes only after pdl_wait).
+  return launch_kernel(MODE == kPdl || (MODE == kTiled && a.pdl), stream_gemm_kernel<MT, R, MODE>, p.grid,
+                       dim3(p.threads), p.smem, st, a, p.launch);
 }
 
 // Up to 32 token rows per pass: the pipelined kernel (K bytes per stage from

@@ -349,25 +349,8 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
   if (m_bound * n_wb * (int64_t)S > 0x7fffffff) return cudaErrorInvalidValue;
   SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters};
   const int grid = (int)std::min<int64_t>((int64_t)m_bound * n_wb * S, sms);
-  if (a.pdl) {
-    // Programmatic dependent launch (see StreamGemmArgs::pdl): the CTAs may
-    // start while the previous kernel of the stream runs.
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(C::THREADS);
-    cfg.dynamicSmemBytes = C::SMEM;
-    cfg.stream = st;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    e = cudaLaunchKernelEx(&cfg, stream_tc_kernel<C>, map, a, L);
-    if (e != cudaSuccess) return e;
-  } else {
-    stream_tc_kernel<C><<<grid, C::THREADS, C::SMEM, st>>>(map, a, L);
-  }
-  return cudaGetLastError();
+  // With a.pdl the CTAs may start while the previous kernel runs (StreamGemmArgs::pdl).
+  return launch_kernel(a.pdl != 0, stream_tc_kernel<C>, dim3(grid), dim3(C::THREADS), C::SMEM, st, map, a, L);
 }
 
 }  // namespace

@@ -356,9 +356,10 @@ struct StreamGemmArgs {
   // must not be written by any kernel still running (weights never are). Inside
   // stream capture the launch becomes a programmatic edge from a preceding
   // kernel node (a non-kernel predecessor: an ordinary edge). Grouped form in
-  // row tiles, and gemm_fp8_stream_tc (dense or grouped): the same launch; the blocks read nothing the previous kernel
-  // writes (offsets, rows, activations) before griddepcontrol.wait, and
-  // before it only prefetch prefetch_group's weights into L2 (below). Ignored
+  // row tiles, and gemm_fp8_stream_tc (dense or grouped): the same launch;
+  // the blocks read nothing the previous kernel writes (offsets, rows,
+  // activations) before griddepcontrol.wait, and before it only prefetch
+  // prefetch_group's weights into L2 (below). Ignored
   // (plain launch) for the whole-group dispatch, the register kernel (> 32
   // rows), Xf, and the split-K epilogue, which is always a plain launch after
   // the GEMM.

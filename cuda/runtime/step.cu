@@ -702,8 +702,8 @@ bool shared_dense_mlp(const Engine& e, const Meta& m) {
 // typically gets) otherwise.
 int shared_group_token_tile(const Engine& e, const Meta& m) {
   if (e.ranks[0].shared_local < 0 || !experts_stream_tc(e, m) || shared_dense_mlp(e, m)) return 0;
-  const int p = m.policy_rows;
-  return p <= 16 ? 16 : p <= 32 ? 32 : p <= 64 ? 64 : 128;
+  const int p = m.policy_rows;  // <= kSharedGroupedMaxRows (64) here
+  return p <= 16 ? 16 : p <= 32 ? 32 : 64;
 }
 
 // The input norm of layer l: h += delta (the previous sub-layer's output,
