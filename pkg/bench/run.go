@@ -327,6 +327,13 @@ func RunHooked(ctx context.Context, eng *engine.Engine, w Workload, h Hooks) ([]
 		if h.RunStart != nil {
 			h.RunStart(c, w.requestsFor(c))
 		}
+		emit := func(r RunResult) {
+			results = append(results, r)
+			if h.RunDone != nil {
+				h.RunDone(r)
+			}
+		}
+		var plainTokPerS float64
 		if w.CompareSpeculation {
 			// The same prompts (run index i) with drafting off, then on.
 			plain := w
@@ -335,11 +342,8 @@ func RunHooked(ctx context.Context, eng *engine.Engine, w Workload, h Hooks) ([]
 			if err != nil {
 				return results, fmt.Errorf("run at concurrency %d, speculation off: %w", c, err)
 			}
-			r.Speculation = "off"
-			results = append(results, r)
-			if h.RunDone != nil {
-				h.RunDone(r)
-			}
+			r.Speculation, plainTokPerS = "off", r.OutputTokensPerSecond
+			emit(r)
 			if h.RunStart != nil {
 				h.RunStart(c, w.requestsFor(c))
 			}
@@ -350,14 +354,11 @@ func RunHooked(ctx context.Context, eng *engine.Engine, w Workload, h Hooks) ([]
 		}
 		if w.CompareSpeculation {
 			r.Speculation = "on"
-			if off := results[len(results)-1].OutputTokensPerSecond; off > 0 {
-				r.SpeedupVsPlain = r.OutputTokensPerSecond / off
+			if plainTokPerS > 0 {
+				r.SpeedupVsPlain = r.OutputTokensPerSecond / plainTokPerS
 			}
 		}
-		results = append(results, r)
-		if h.RunDone != nil {
-			h.RunDone(r)
-		}
+		emit(r)
 	}
 	return results, nil
 }
