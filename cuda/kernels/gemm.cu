@@ -815,6 +815,7 @@ cudaError_t gemm_fp8_stream(const StreamGemmArgs& a, cudaStream_t st) {
 }
 
 cudaError_t gemm_fp8_stream_tuned(const StreamGemmArgs& a, const StreamTuning& tu, cudaStream_t st) {
+  if (a.Y16) return cudaErrorInvalidValue;  // BF16 output: the grouped tensor-core GEMM only
   if (a.N <= 0 || a.groups <= 0) return cudaSuccess;
   if (!a.group_offsets && a.M <= 0) return cudaSuccess;
   if (a.Xf) {
@@ -938,7 +939,7 @@ done:
 
 std::string lt_gemm_fp8_scaled(const LtGemm& lt, const uint8_t* W, const uint8_t* X, float* Y,
                                int M, int N, int K, const float* x_scale, const float* w_scale,
-                               const float* bias, bool* unsupported, cudaStream_t st) {
+                               const float* bias, bool* unsupported, cudaStream_t st, bool accumulate) {
   // As lt_gemm_fp8: D^T[N, M] = W (A, op T, K x N) * X^T (B, K x M). cuBLASLt's
   // m is N (weight rows: the A scale vector, w_scale) and its n is M (tokens:
   // the B scale vector, x_scale); the bias runs along m.
@@ -949,7 +950,7 @@ std::string lt_gemm_fp8_scaled(const LtGemm& lt, const uint8_t* W, const uint8_t
   cublasLtMatmulPreference_t pref = nullptr;
   cublasLtMatmulHeuristicResult_t heur{};
   int found = 0;
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
   const cublasLtEpilogue_t epi = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
@@ -986,8 +987,17 @@ std::string lt_gemm_fp8_scaled(const LtGemm& lt, const uint8_t* W, const uint8_t
     *unsupported = true;
     goto done;
   }
-  LT_CHECK(cublasLtMatmul(lt.handle, op, &alpha, W, la, X, lb, &beta, Y, lc, Y, lc, &heur.algo,
-                          lt.workspace, lt.workspace_bytes, st));
+  // (With accumulate, C is Y itself: D = scaled product + Y, in place.)
+  s = cublasLtMatmul(lt.handle, op, &alpha, W, la, X, lb, &beta, Y, lc, Y, lc, &heur.algo, lt.workspace,
+                     lt.workspace_bytes, st);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED && accumulate) {
+    *unsupported = true;  // no such algorithm with a C operand: the caller writes apart
+    goto done;
+  }
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    err = lt_err("cublasLtMatmul (outer-vector scales)", s);
+    goto done;
+  }
 done:
   if (pref) cublasLtMatmulPreferenceDestroy(pref);
   if (lc) cublasLtMatrixLayoutDestroy(lc);

@@ -206,6 +206,14 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
+// Two adjacent outputs at element offset i of Y, or of Y16 rounded to BF16.
+__device__ __forceinline__ void store_pair(const StreamGemmArgs& a, int64_t i, float2 y) {
+  if (a.Y16)
+    *reinterpret_cast<__nv_bfloat162*>(a.Y16 + i) = __floats2bfloat162_rn(y.x, y.y);
+  else
+    *reinterpret_cast<float2*>(a.Y + i) = y;
+}
+
 // ------------------------------------------------------------ the kernel
 
 // Grid: one CTA per (m-tile, n-tile) of a bound on the m-tiles (the host's
@@ -323,7 +331,6 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 
   const int warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, c4 = lane & 3;
-  float* const Y = a.Y;
   const int64_t ldy = a.ldy;
   // Stores an accumulator pair (row r of the tile, channels c, c+1 of the tile).
   auto store2 = [&](int r, int c, float v0, float v1) {
@@ -332,7 +339,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     float2 y;
     y.x = v0 * xs * s_ws[c] + s_bias[c];
     y.y = v1 * xs * s_ws[c + 1] + s_bias[c + 1];
-    *reinterpret_cast<float2*>(Y + (int64_t)(row0 + r) * ldy + n0 + c) = y;
+    store_pair(a, (int64_t)(row0 + r) * ldy + n0 + c, y);
   };
 
   if constexpr (C::kWgmma) {
@@ -765,14 +772,13 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       if (active) {
         // Accumulator 4j + e: row 16 * (warp % 4) + g + 8 * (e >> 1), channel 8j + 2 * c4 + (e & 1).
         const int rl = 16 * (warp & 3) + g;
-        float* const Y = a.Y;
         auto store2 = [&](int r, int c, float v0, float v1) {
           if (64 * cw + r >= rows || n0 + c >= a.N) return;
           const float xs = s_xs[r];
           float2 y;
           y.x = v0 * xs * s_ws[c] + s_bias[c];
           y.y = v1 * xs * s_ws[c + 1] + s_bias[c + 1];
-          *reinterpret_cast<float2*>(Y + (int64_t)(row0 + 64 * cw + r) * a.ldy + n0 + c) = y;
+          store_pair(a, (int64_t)(row0 + 64 * cw + r) * a.ldy + n0 + c, y);
         };
 #pragma unroll
         for (int j = 0; j < C::BN / 8; ++j) {
@@ -873,8 +879,9 @@ cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTu
       a.typical_rows_per_group < 0 || tu.tile < 0 || tu.tile >= kGroupedTcTiles || tu.panel < 0)
     return cudaErrorInvalidValue;
   if (a.N == 0 || a.M == 0) return cudaSuccess;
-  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y || a.ldy < a.N || a.ldy % 2 != 0 ||
-      !is_aligned(a.W, 16) || !is_aligned(a.X, 16) || !is_aligned(a.Y, 8))
+  // Exactly one of Y (FP32) and Y16 (BF16).
+  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y == !a.Y16 || a.ldy < a.N || a.ldy % 2 != 0 ||
+      !is_aligned(a.W, 16) || !is_aligned(a.X, 16) || !is_aligned(a.Y, 8) || !is_aligned(a.Y16, 4))
     return cudaErrorInvalidValue;
   int dev = 0, major = 0;
   cudaError_t e = cudaGetDevice(&dev);

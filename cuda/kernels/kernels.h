@@ -24,6 +24,10 @@ cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint
 // h = silu(gate) * up over gu[r] = [gate(inter) | up(inter)], then per-row FP8.
 cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st);
+// The same over BF16 rows (the grouped tensor-core GEMM's Y16), widened
+// exactly to FP32 first; inter % 4 == 0 and inter <= 4096 (else cudaErrorInvalidValue).
+cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
+                               const int* rows_dev, cudaStream_t st);
 // The same without quantization (exactness-check path): h [rows, inter] FP32.
 cudaError_t silu_mul_f32(const float* gu, int rows, int inter, float* h, const int* rows_dev,
                          cudaStream_t st);
@@ -57,6 +61,10 @@ cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st);
 // Bit-identical to the two kernels. slots <= 32; hidden / 4 <= 2048.
 bool combine_add_rmsnorm_supported(int hidden, int slots);
 cudaError_t combine_add_rmsnorm(const float* y, const int* inv, const float* w, int slots,
+                                const float* add, const AddNormArgs& a, cudaStream_t st);
+// The same with BF16 expert rows (the grouped tensor-core GEMM's StreamGemmArgs::Y16),
+// each value widened exactly to FP32 before the same sums.
+cudaError_t combine_add_rmsnorm(const __nv_bfloat16* y, const int* inv, const float* w, int slots,
                                 const float* add, const AddNormArgs& a, cudaStream_t st);
 
 // Per token: q/k per-head RMSNorm (if weights given), partial NeoX RoPE on the
@@ -344,6 +352,9 @@ struct StreamGemmArgs {
   int typical_rows_per_group = 0;
   int ksplit = 1;                   // >1 only without groups; needs ws
   float* Y = nullptr;               // [rows][ldy]
+  // gemm_fp8_grouped_tc only, instead of Y: the outputs rounded to BF16
+  // (round to nearest even), [rows][ldy] with ldy even.
+  __nv_bfloat16* Y16 = nullptr;
   int64_t ldy = 0;
   float* ws = nullptr;              // [ksplit][M][N] when ksplit > 1
   // Dense form, pipelined kernel (<= 32 rows): launch with programmatic
@@ -505,9 +516,12 @@ std::string lt_gemm_fp8(const LtGemm& lt, const uint8_t* W, const uint8_t* X, fl
 // (per-row / per-column "outer vector" FP32 scales, bias as the epilogue;
 // bias may be null). Sets *unsupported (and returns "") when this cuBLASLt
 // or GPU has no such algorithm: the caller then uses lt_gemm_fp8 + epilogue.
+// accumulate: Y += that product instead (cuBLASLt's C operand, beta 1, in
+// place); Y is unchanged when *unsupported is set.
 std::string lt_gemm_fp8_scaled(const LtGemm& lt, const uint8_t* W, const uint8_t* X, float* Y,
                                int M, int N, int K, const float* x_scale, const float* w_scale,
-                               const float* bias, bool* unsupported, cudaStream_t st);
+                               const float* bias, bool* unsupported, cudaStream_t st,
+                               bool accumulate = false);
 
 // BF16 x BF16 -> FP32 (cuBLAS, FP32 accumulate): C[M,N] = A[M,K] * B[N,K]^T
 // (lm_head: A = normalised hidden rows, B = lm_head weight).

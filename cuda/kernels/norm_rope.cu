@@ -184,16 +184,29 @@ void with_norm_vec(int nv, F&& launch) {
 // and the row is normalised by norm_row_tail as add_rmsnorm does. delta is
 // not written. The warp's lanes load the token's slot list once and share it
 // by shuffles; each slot's NV float4 per thread are in flight together.
+// YT: the expert rows' type, float or __nv_bfloat16 (widened exactly to FP32
+// as they are loaded; the sums are the same FP32 FMAs).
+template <typename YT>
 struct CombineRows {
-  const float* y;
+  const YT* y;
   const int* inv;
   const float* w;
   const float* add;
   int slots;
 };
 
-template <int NV>
-__global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(CombineRows cr, AddNormArgs a) {
+__device__ __forceinline__ float4 load_row4(const float* row, int c) {
+  return __ldg(reinterpret_cast<const float4*>(row) + c);
+}
+__device__ __forceinline__ float4 load_row4(const __nv_bfloat16* row, int c) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + c);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+template <int NV, typename YT>
+__global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(CombineRows<YT> cr, AddNormArgs a) {
   pdl_launch_dependents();
   const int i = blockIdx.x;
   __shared__ float scratch[32];
@@ -219,12 +232,12 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(Combi
     filled &= filled - 1;
     const int p = __shfl_sync(0xffffffffu, pl, j);
     const float wj = __shfl_sync(0xffffffffu, wl, j);
-    const float4* yr = reinterpret_cast<const float4*>(cr.y + (int64_t)p * a.hidden);
+    const YT* yr = cr.y + (int64_t)p * a.hidden;
     float4 y[NV];
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int c = tid + k * nt;
-      if (c < n4) y[k] = __ldg(yr + c);
+      if (c < n4) y[k] = load_row4(yr, c);
     }
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -390,22 +403,35 @@ bool combine_add_rmsnorm_supported(int hidden, int slots) {
          slots <= 32;
 }
 
-cudaError_t combine_add_rmsnorm(const float* y, const int* inv, const float* w, int slots,
-                                const float* add, const AddNormArgs& a, cudaStream_t st) {
+namespace {
+template <typename YT>
+cudaError_t launch_combine_add_rmsnorm(const YT* y, const int* inv, const float* w, int slots,
+                                       const float* add, const AddNormArgs& a, cudaStream_t st) {
   if (a.rows <= 0) return cudaSuccess;
   if (!combine_add_rmsnorm_supported(a.hidden, slots) || a.row_index || a.delta || !a.weight ||
       (a.out_q && !a.out_scale))
     return cudaErrorInvalidValue;
   auto aligned = [](const void* p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; };
-  if (!aligned(a.h, 16) || !aligned(y, 16) || !aligned(add, 16) || !aligned(a.weight, 16) ||
+  if (!aligned(a.h, 16) || !aligned(y, 4 * sizeof(YT)) || !aligned(add, 16) || !aligned(a.weight, 16) ||
       !aligned(a.out_f32, 16) || !aligned(a.out_bf16, 8) || !aligned(a.out_q, 4))
     return cudaErrorInvalidValue;
-  const CombineRows cr{y, inv, w, add, slots};
+  const CombineRows<YT> cr{y, inv, w, add, slots};
   const int threads = norm_vec_threads(a.hidden);
   with_norm_vec(norm_vec_per_thread(a.hidden), [&](auto NV) {
-    combine_add_rmsnorm_kernel<decltype(NV)::value><<<a.rows, threads, 0, st>>>(cr, a);
+    combine_add_rmsnorm_kernel<decltype(NV)::value, YT><<<a.rows, threads, 0, st>>>(cr, a);
   });
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t combine_add_rmsnorm(const float* y, const int* inv, const float* w, int slots,
+                                const float* add, const AddNormArgs& a, cudaStream_t st) {
+  return launch_combine_add_rmsnorm(y, inv, w, slots, add, a, st);
+}
+
+cudaError_t combine_add_rmsnorm(const __nv_bfloat16* y, const int* inv, const float* w, int slots,
+                                const float* add, const AddNormArgs& a, cudaStream_t st) {
+  return launch_combine_add_rmsnorm(y, inv, w, slots, add, a, st);
 }
 
 cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st) {

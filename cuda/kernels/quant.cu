@@ -117,24 +117,36 @@ __global__ void __launch_bounds__(kThreads) quant_rows_vec_kernel(
   if (tid == 0) scale[r] = s;
 }
 
-template <int NV>
+// Four consecutive values of a row as FP32 (BF16 widened exactly).
+__device__ __forceinline__ float4 load4(const float* row, int c) {
+  return __ldg(reinterpret_cast<const float4*>(row) + c);
+}
+__device__ __forceinline__ float4 load4(const __nv_bfloat16* row, int c) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + c);
+  const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
+  const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// GT: the gate|up rows' type, float or __nv_bfloat16.
+template <int NV, typename GT = float>
 __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
-    const float* __restrict__ gu, int inter, uint8_t* __restrict__ q, float* __restrict__ scale,
+    const GT* __restrict__ gu, int inter, uint8_t* __restrict__ q, float* __restrict__ scale,
     const int* __restrict__ rows_dev) {
   pdl_launch_dependents();
   const int r = blockIdx.x;
   if (rows_dev && r >= *rows_dev) return;
   __shared__ float scratch[32];
-  const float4* g4 = reinterpret_cast<const float4*>(gu + (int64_t)r * 2 * inter);
-  const float4* u4 = g4 + inter / 4;
+  const GT* g_row = gu + (int64_t)r * 2 * inter;
+  const GT* u_row = g_row + inter;
   const int n4 = inter / 4, tid = threadIdx.x, nt = blockDim.x;
   float4 h[NV], u[NV];
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int c = tid + k * nt;
     if (c < n4) {
-      h[k] = __ldg(g4 + c);
-      u[k] = __ldg(u4 + c);
+      h[k] = load4(g_row, c);
+      u[k] = load4(u_row, c);
     }
   }
   float amax = 0.f;
@@ -200,6 +212,24 @@ cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint
                       rows_dev)
   } else {
     quant_rows_kernel<<<rows, kThreads, 0, st>>>(x, ldx, cols, q, ldq, scale, rows_dev);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
+                               const int* rows_dev, cudaStream_t st) {
+  if (rows <= 0) return cudaSuccess;
+  int threads = 0;
+  const int nv = inter % 4 == 0 && (uintptr_t)gu % 8 == 0 && (uintptr_t)q % 4 == 0
+                     ? vec_shape(inter / 4, &threads)
+                     : 0;
+  if (nv <= 0) return cudaErrorInvalidValue;  // no scalar form: the runtime's shapes fit
+  switch (nv) {
+    case 1: silu_mul_quant_vec_kernel<1, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
+    case 2: silu_mul_quant_vec_kernel<2, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
+    case 3: silu_mul_quant_vec_kernel<3, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
+    case 4: silu_mul_quant_vec_kernel<4, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
+    default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
 }

@@ -83,6 +83,10 @@ struct Rank {
   cublasHandle_t cublas = nullptr;
   glmk::LtGemm lt;
   int lt_scaled = -1;  // cuBLASLt applies the FP8 scales itself: -1 not yet known, 0 no, 1 yes
+  int lt_accumulate = -1;  // ... and also adds the product to its output (C = D): likewise
+  // The last attention_block's o_proj added its product to h itself (linear's
+  // acc_into): the mlp_block of the same layer then normalises h without a delta.
+  bool o_in_h = false;
   std::vector<void*> allocations;
   int64_t weight_bytes = 0, kv_bytes = 0, workspace_bytes = 0;
 

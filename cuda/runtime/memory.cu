@@ -172,7 +172,15 @@ int check_config(Engine& e) {
                                                                     e.pf_max_parts)
                                 : 0;
   e.pf_ws_bytes = glmk::attention_prefill_workspace_bytes(e.pf_max_parts, d.nkv_l);
-  e.sample_chunk = std::min(e.max_seqs, 32);
+  // Rows per sampling launch: as many as a 256 MiB workspace holds (V x 24
+  // bytes a row), at least 32. Each launch is one CTA per row, so 32-row
+  // chunks left 100 of 132 SMs idle: a batch-256 decode step of the rank
+  // share (V 18,944) sampled in eight serial launches of ~44 us (H100, ncu,
+  // 2026-11-27), where one launch of 256 rows needs about one.
+  constexpr size_t kSampleBudget = size_t(256) << 20;
+  const size_t per_row = (size_t)d.V * (2 * sizeof(double) + 2 * sizeof(int));
+  const int fit = (int)std::min<size_t>(kSampleBudget / std::max<size_t>(per_row, 1), 1 << 20);
+  e.sample_chunk = std::min(e.max_seqs, std::max(fit, 32));
   if (e.draft_k > 1 && d.nq / d.nkv > glmk::kDecodeMaxGroup)
     return fail(GLMRT_ERR_INVALID,
                 "options: draft_tokens %d (chained drafts) needs at most %d query heads per KV head "

@@ -558,10 +558,15 @@ constexpr int kGroupedTcMinRows = 32;
 // epilogue_deferred: when set and the cuBLASLt path would follow its GEMM with
 // gemm_fp8_epilogue (a bias), Y is left unscaled and *epilogue_deferred set:
 // the next kernel applies the scales and the bias as it reads Y.
+// acc_into (with accumulated): where the cuBLASLt path with fused scales runs,
+// the product is added to acc_into in place (its C operand) instead of being
+// written to Y, and *accumulated is set; the other paths write Y.
 int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N, int K,
            const uint8_t* X, const float* xs, const float* Xf, int M, int P, float* Y, int layer,
-           const char* what, bool pdl = false, bool* epilogue_deferred = nullptr) {
+           const char* what, bool pdl = false, bool* epilogue_deferred = nullptr,
+           float* acc_into = nullptr, bool* accumulated = nullptr) {
   if (epilogue_deferred) *epilogue_deferred = false;
+  if (accumulated) *accumulated = false;
   // What every streaming-kernel path below shares: the weights, the shape, the
   // FP32 output.
   glmk::StreamGemmArgs dense;
@@ -623,8 +628,20 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   // without any.
   if (r.lt_scaled != 0 && !bias) {
     bool unsupported = false;
-    std::string err = glmk::lt_gemm_fp8_scaled(r.lt, W, X, Y, M, N, K, xs, ws, bias, &unsupported,
-                                               r.stream);
+    std::string err;
+    if (acc_into && accumulated && r.lt_accumulate != 0) {
+      err = glmk::lt_gemm_fp8_scaled(r.lt, W, X, acc_into, M, N, K, xs, ws, bias, &unsupported, r.stream,
+                                     true);
+      if (err.empty() && !unsupported) {
+        r.lt_scaled = r.lt_accumulate = 1;
+        *accumulated = true;
+        return GLMRT_OK;
+      }
+      if (err.empty() && r.lt_accumulate == -1) r.lt_accumulate = 0;  // none: stop asking
+      unsupported = false;
+    }
+    if (err.empty())
+      err = glmk::lt_gemm_fp8_scaled(r.lt, W, X, Y, M, N, K, xs, ws, bias, &unsupported, r.stream);
     if (!err.empty())
       return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d %s (M=%d N=%d K=%d): %s", r.device, layer, what,
                   M, N, K, err.c_str());
@@ -858,8 +875,16 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     KCHECK(glmk::quant_rows_fp8(r.attn, ko, T, ko, r.xq, ko, r.xs, nullptr, r.stream),
            "layer %d: quantize attention output", l);
   PROF(GLMRT_PROF_ATTENTION);
+  // On one GPU, where o_proj runs on cuBLASLt (past kStreamTcDenseMaxRows
+  // rows), its product is added to the residual rows h by the GEMM itself
+  // (r.o_in_h) and the post-attention norm reads h alone: 2k-token prefill on
+  // an H100 moved 178 MB per layer through that norm (h and delta in, h, the
+  // router's FP32 rows and the FP8 rows out, 60 us at 77% of DRAM). With TP
+  // the partial products are all-reduced first, so they stay apart.
+  const bool o_acc = e.tp == 1 && !e.exact;
   GLMRT_TRY(linear(r, L.o, L.o_scale, nullptr, d.H, ko, r.xq, r.xs, e.exact ? r.attn : nullptr, T,
-                   m.policy_rows, r.delta, l, "o_proj", !e.prof.on));
+                   m.policy_rows, r.delta, l, "o_proj", !e.prof.on, nullptr, o_acc ? r.h : nullptr,
+                   &r.o_in_h));
   PROF(GLMRT_PROF_O_PROJ);
   return GLMRT_OK;
 }
@@ -870,7 +895,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   const int T = m.rows;
   glmk::AddNormArgs n;
   n.h = r.h;
-  n.delta = r.delta;
+  n.delta = r.o_in_h ? nullptr : r.delta;  // o_proj already added to h (attention_block)
   n.weight = L.post_norm;
   n.rows = T;
   n.hidden = d.H;
@@ -989,6 +1014,14 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   gtc.fp8_accum = 1;
   const bool grouped_tc = experts_grouped_tc(e, m);
   if (grouped_tc) g.M = T * d.slots;  // bounds the tiles (the streaming form leaves M unset)
+  // On that path gate|up comes out in BF16 (the SiLU kernel widens it back):
+  // half the bytes its GEMM writes and the SiLU reads (2k-token prefill on an
+  // H100: 50 MB a layer in FP32, the SiLU 21 us at 73% of DRAM).
+  __nv_bfloat16* const gu16 = grouped_tc ? reinterpret_cast<__nv_bfloat16*>(r.big) : nullptr;
+  if (gu16) {
+    g.Y = nullptr;
+    g.Y16 = gu16;
+  }
   // Past kStreamMaxRows rows (a few per expert) on sm_90: the TMA-fed
   // tensor-core streaming kernel, whose 16/32-row token tiles hold an
   // expert's rows in one pass. On an H200 (stream_tc_check --bench, 20 rank
@@ -1025,6 +1058,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (e.exact)
     KCHECK(glmk::silu_mul_f32(r.big, T * d.slots, d.MI, r.hf, r.offsets + r.groups, r.stream),
            "layer %d: expert silu_mul", l);
+  else if (gu16)
+    KCHECK(glmk::silu_mul_quant_fp8(gu16, T * d.slots, d.MI, r.hq, r.hs, r.offsets + r.groups, r.stream),
+           "layer %d: expert silu_mul_quant (BF16 rows)", l);
   else
     KCHECK(glmk::silu_mul_quant_fp8(r.big, T * d.slots, d.MI, r.hq, r.hs, r.offsets + r.groups,
                                     r.stream),
@@ -1043,7 +1079,15 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   dn.max_rows_per_group = m.policy_rows;
   dn.max_active_groups = g.max_active_groups;
   dn.typical_rows_per_group = g.typical_rows_per_group;
-  dn.Y = r.ysort;
+  // Prefill-sized steps ending in combine_add_rmsnorm: the expert rows in
+  // BF16 (the GEMM rounds, the combine widens them back and sums in FP32),
+  // half the bytes the down GEMM writes and the combine reads (2k-token
+  // prefill on an H100: 84 MB per layer in FP32; the combine took 61 us at
+  // 78% of DRAM). The residual rows stay FP32; the FP8 rows the next layer
+  // reads are what the rounding reaches, well below their own 2^-4 steps.
+  const bool y16 = grouped_tc && !e.exact && combine_feeds_norm(e, l);
+  dn.Y = y16 ? nullptr : r.ysort;
+  dn.Y16 = y16 ? reinterpret_cast<__nv_bfloat16*>(r.ysort) : nullptr;
   dn.ldy = d.H;
   if (grouped_tc) dn.M = T * d.slots;
   // With the shared expert among the groups, down streams through the
@@ -1067,9 +1111,13 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (combine_feeds_norm(e, l)) {
     glmk::AddNormArgs next = input_norm_args(e, r, l + 1, T);
     next.delta = nullptr;  // the combine's sum, in registers
-    KCHECK(glmk::combine_add_rmsnorm(r.ysort, r.inv, r.topk_w, d.slots, shared_dense ? r.sh_out : nullptr,
-                                     next, r.stream),
-           "layer %d: moe combine + layer %d input add_rmsnorm", l, l + 1);
+    const float* add = shared_dense ? r.sh_out : nullptr;
+    if (y16)
+      KCHECK(glmk::combine_add_rmsnorm(dn.Y16, r.inv, r.topk_w, d.slots, add, next, r.stream),
+             "layer %d: moe combine (BF16 rows) + layer %d input add_rmsnorm", l, l + 1);
+    else
+      KCHECK(glmk::combine_add_rmsnorm(r.ysort, r.inv, r.topk_w, d.slots, add, next, r.stream),
+             "layer %d: moe combine + layer %d input add_rmsnorm", l, l + 1);
   } else {
     KCHECK(glmk::moe_combine(r.ysort, r.inv, r.topk_w, T, d.slots, d.H, r.delta, r.stream,
                              shared_dense ? r.sh_out : nullptr),

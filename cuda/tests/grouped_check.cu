@@ -33,7 +33,8 @@
 // (fp8_accum), next to gemm_fp8_stream's grouped form (the current path) on
 // the same inputs, and the F128x256, W128x256 and W128x128 tiles forced;
 // the weights rotate over copies (>= 200 MB in all) so L2
-// never holds them. --sweep: also every launch shape and panel per point.
+// never holds them. The "M+sh" points add the shared expert as a 21st group
+// of all M rows, as the runtime's prefill steps run it. --sweep: also every launch shape and panel per point.
 // --profile: one launch of the main variants at M = 2048 and nothing else (for ncu).
 #include <numeric>
 #include <thread>
@@ -267,6 +268,50 @@ static void check_case(const GroupedCase& c) {
     report("grouped_tc vs stream", shape,
            rel_err(written(y1, total, N, ldy), written(ys, total, N, ldy)), 1e-5);
   }
+  // BF16 output (Y16): every written element is the FP32 output of the same
+  // launch rounded to nearest even, nothing else is touched; refused where
+  // both or neither of Y and Y16 are given.
+  {
+    Dev<__nv_bfloat16> dY16((size_t)std::max(1, M) * ldy);
+    std::vector<GroupedTcTuning> t16 = {GroupedTcTuning{}, GroupedTcTuning{kGroupedTcAuto, 0, 1}};
+    if (g_major == 9) t16.push_back({kGroupedTcF128x256, 0, 0});
+    for (const GroupedTcTuning& tu : t16) {
+      const std::vector<float> yf = run(tu);
+      StreamGemmArgs b = a;
+      b.Y = nullptr;
+      b.Y16 = dY16.p;
+      dY16.poison();
+      CK(gemm_fp8_grouped_tc_tuned(b, tu, 0));
+      CK(cudaDeviceSynchronize());
+      const std::vector<__nv_bfloat16> yb = dY16.down();
+      size_t bad = 0, touched = 0;
+      for (int r = 0; r < std::max(1, M); ++r)
+        for (int64_t n = 0; n < ldy; ++n) {
+          const size_t i = (size_t)r * ldy + n;
+          uint16_t got;
+          memcpy(&got, &yb[i], 2);
+          if (r < total && n < N) {
+            const __nv_bfloat16 want = __float2bfloat16_rn(yf[i]);
+            uint16_t w16;
+            memcpy(&w16, &want, 2);
+            bad += got != w16;
+          } else {
+            touched += got != 0xffffu;
+          }
+        }
+      report("grouped_tc Y16", fmt("%s %s: differ %zu touched %zu", shape.c_str(), tuning_name(tu).c_str(), bad,
+                                   touched),
+             bad + touched ? 1.0 : 0.0, 0.0);
+    }
+    StreamGemmArgs both = a;
+    both.Y16 = dY16.p;
+    StreamGemmArgs neither = a;
+    neither.Y = nullptr;
+    const bool refused = gemm_fp8_grouped_tc_tuned(both, GroupedTcTuning{}, 0) == cudaErrorInvalidValue &&
+                         gemm_fp8_grouped_tc_tuned(neither, GroupedTcTuning{}, 0) == cudaErrorInvalidValue &&
+                         gemm_fp8_stream(both, 0) == cudaErrorInvalidValue;
+    report("grouped_tc Y16 refusals", shape, refused ? 0.0 : 1.0, 0.0);
+  }
 }
 
 // Rows per group drawn around `avg` (0 .. 3 avg), with the given groups forced empty.
@@ -406,6 +451,8 @@ static __global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
 }
 
 static void bench(bool sweep, bool profile) {
+  // E routed experts, plus (the "+sh" rows) the shared expert as group E with
+  // a row for every token, as the runtime runs prefill steps.
   const int E = 20, H = 5120, I = 1536, MMAX = 16384;
   struct Shape {
     const char* name;
@@ -414,65 +461,74 @@ static void bench(bool sweep, bool profile) {
   // Copies so that the weights rotated over are >= 200 MB in all (L2 is 50-60 MB).
   const Shape shapes[] = {{"gate|up", 2 * I, H, 2}, {"down", H, I, 2}};
   Dev<uint8_t> X((size_t)MMAX * H);
-  Dev<float> xs(MMAX), Y((size_t)MMAX * H);
+  Dev<float> xs(2 * MMAX), Y((size_t)2 * MMAX * H);
   fill_fp8_kernel<<<1024, 256>>>(X.p, X.n, rng());
   CK(cudaGetLastError());
   xs.up(std::vector<float>(xs.n, 1.f / 448));
   printf("\nbench: GLM-4.7 rank MoE GEMMs, %d experts, rows multinomial over them; ms = median of 20\n", E);
   printf("exact = gemm_fp8_grouped_tc (default), fp8acc = fast_accum-style F tiles, stream = gemm_fp8_stream\n");
   printf("F128x256 / W128x256 / W128x128: the lockstep F tile and the warp-specialized ones, forced\n");
-  printf("%-8s %6s %5s | %9s %8s %7s | %9s %8s | %9s %8s %7s | %7s | %8s %7s | %8s %7s %7s | %8s %7s\n", "gemm",
+  printf("M+sh: M routed rows plus the shared expert's M rows as a 21st group (TFLOP/s over all 2M rows)\n");
+  printf("%-8s %8s %5s | %9s %8s %7s | %9s %8s | %9s %8s %7s | %7s | %8s %7s | %8s %7s %7s | %8s %7s\n", "gemm",
          "M", "maxg", "exact ms", "TFLOP/s", "w TB/s", "fp8acc ms", "TFLOP/s", "stream ms", "TFLOP/s", "w TB/s",
          "speedup", "F256 ms", "TFLOP/s", "W256 ms", "TFLOP/s", "w TB/s", "W128 ms", "TFLOP/s");
   for (const Shape& sh : shapes) {
-    const size_t wbytes = (size_t)E * sh.N * sh.K;
-    Dev<uint8_t> W(wbytes * sh.copies);
-    Dev<float> ws((size_t)E * sh.N * sh.copies);
+    const size_t wbytes = (size_t)E * sh.N * sh.K, wstride = (size_t)(E + 1) * sh.N * sh.K;
+    Dev<uint8_t> W(wstride * sh.copies);
+    Dev<float> ws((size_t)(E + 1) * sh.N * sh.copies);
     fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
     CK(cudaGetLastError());
     ws.up(std::vector<float>(ws.n, 1.f / 448));
-    for (int M : {512, 1024, 2048, 4096, 8192, 16384}) {
-      if (profile && M != 2048) continue;
-      std::vector<int> cnt(E, 0);
+    static const int kPointRows[] = {512, 1024, 2048, 4096, 8192, 16384, 2048, 8192, 16384};
+    for (int point = 0; point < 9; ++point) {
+      const int M = kPointRows[point];
+      const bool shared = point >= 6;
+      if (profile && (M != 2048 || shared)) continue;
+      const int G = shared ? E + 1 : E;
+      std::vector<int> cnt(G, 0);
       for (int r = 0; r < M; ++r) ++cnt[randi(0, E - 1)];
-      std::vector<int> off(E + 1, 0);
+      if (shared) cnt[E] = M;
+      std::vector<int> off(G + 1, 0);
       int maxc = 0;
-      for (int e = 0; e < E; ++e) {
+      for (int e = 0; e < G; ++e) {
         off[e + 1] = off[e] + cnt[e];
         maxc = std::max(maxc, cnt[e]);
       }
-      std::vector<int> rows(M);
-      std::iota(rows.begin(), rows.end(), 0);
-      std::shuffle(rows.begin(), rows.end(), rng);
+      const int R = off[G];  // sorted rows: M, or 2M with the shared group
+      std::vector<int> rows(R);
+      std::iota(rows.begin(), rows.begin() + M, 0);
+      std::shuffle(rows.begin(), rows.begin() + M, rng);
+      for (int r = M; r < R; ++r) rows[r] = r - M;
       Dev<int> doff(off), drows(rows);
       StreamGemmArgs a;
       a.X = X.p;
       a.x_scale = xs.p;
       a.x_rows = drows.p;
       a.group_offsets = doff.p;
-      a.groups = E;
-      a.M = M;
+      a.groups = G;
+      a.M = R;
       a.N = sh.N;
       a.K = sh.K;
       a.Y = Y.p;
       a.ldy = sh.N;
       // As the runtime passes them: every token hits one local expert on average.
       a.max_rows_per_group = M;
-      a.max_active_groups = E;
+      a.max_active_groups = G;
       a.typical_rows_per_group = (M + E - 1) / E;
       auto timed = [&](auto launch) {
         int i = 0;
         auto call = [&](int) {
           const int cp = i++ % sh.copies;
-          a.W = W.p + (size_t)cp * wbytes;
-          a.w_scale = ws.p + (size_t)cp * E * sh.N;
+          a.W = W.p + (size_t)cp * wstride;
+          a.w_scale = ws.p + (size_t)cp * (E + 1) * sh.N;
           launch();
         };
         for (int w = 0; w < 3; ++w) call(0);
         CK(cudaDeviceSynchronize());
         return median_ms(20, 0, call);
       };
-      const double flop = 2.0 * M * sh.N * sh.K;
+      const double flop = 2.0 * R * sh.N * sh.K;
+      const size_t wread = shared ? wstride : wbytes;
       auto tc_ms = [&](GroupedTcTuning tu) { return timed([&] { CK(gemm_fp8_grouped_tc_tuned(a, tu, 0)); }); };
       if (profile) {
         // One launch of each main variant for a profiler (ncu -k regex:grouped_tc).
@@ -487,7 +543,9 @@ static void bench(bool sweep, bool profile) {
       }
       const float ms = tc_ms({});
       const float fms = g_major == 9 ? tc_ms({kGroupedTcAuto, 0, 1}) : 0.f;
-      const float sms = timed([&] { CK(gemm_fp8_stream(a, 0)); });
+      // (The streaming kernel, the decode path, is not run on the shared-group
+      // points: ~10 ms a call at 16k.)
+      const float sms = shared ? 0.f : timed([&] { CK(gemm_fp8_stream(a, 0)); });
       const bool h = g_major == 9;
       const float f_ms = h ? tc_ms({kGroupedTcF128x256, 0, 0}) : 0.f;
       const float w_ms = h ? tc_ms({kGroupedTcW128x256, 0, 0}) : 0.f;
@@ -501,11 +559,12 @@ static void bench(bool sweep, bool profile) {
         }
         printf("  sweep %s M=%d:%s\n", sh.name, M, line.c_str());
       }
-      printf("%-8s %6d %5d | %9.4f %8.1f %7.2f | %9.4f %8.1f | %9.4f %8.1f %7.2f | %6.1fx | %8.4f %7.1f | %8.4f %7.1f "
+      const std::string mname = fmt("%d%s", M, shared ? "+sh" : "");
+      auto tbs = [&](float t) { return t > 0 ? wread / (t * 1e-3) / 1e12 : 0.0; };
+      printf("%-8s %8s %5d | %9.4f %8.1f %7.2f | %9.4f %8.1f | %9.4f %8.1f %7.2f | %6.1fx | %8.4f %7.1f | %8.4f %7.1f "
              "%7.2f | %8.4f %7.1f\n",
-             sh.name, M, maxc, ms, flop / (ms * 1e-3) / 1e12, wbytes / (ms * 1e-3) / 1e12, fms, tf(fms), sms,
-             flop / (sms * 1e-3) / 1e12, wbytes / (sms * 1e-3) / 1e12, sms / ms, f_ms, tf(f_ms), w_ms, tf(w_ms),
-             w_ms > 0 ? wbytes / (w_ms * 1e-3) / 1e12 : 0.0, w2_ms, tf(w2_ms));
+             sh.name, mname.c_str(), maxc, ms, tf(ms), tbs(ms), fms, tf(fms), sms, tf(sms), tbs(sms),
+             sms > 0 ? sms / ms : 0.0, f_ms, tf(f_ms), w_ms, tf(w_ms), tbs(w_ms), w2_ms, tf(w2_ms));
       fflush(stdout);
     }
   }

@@ -764,6 +764,22 @@ static void check_lt(const LtGemm& lt, int M, int N, int K) {
         refs.push_back(linear_ref(c, r, n, c.W.data(), c.ws.data(), with_bias ? c.bias.data() : nullptr));
     report("lt_gemm_fp8_scaled", fmt("M=%d N=%d K=%d%s", M, N, K, with_bias ? " +bias" : ""),
            rel_err(os, refs), 1e-3);
+    if (with_bias) continue;
+    // accumulate (the runtime's o_proj into the residual rows): Y0 + the same
+    // product, against Y0 + the product written apart above (FP32 sums of the
+    // same values: at most a rounding apart).
+    std::vector<float> y0((size_t)M * N);
+    for (auto& v : y0) v = randn() * 4.f;
+    Dev<float> dA(y0);
+    CKS(lt_gemm_fp8_scaled(lt, dW.p, dX.p, dA.p, M, N, K, dxs.p, dws.p, nullptr, &unsupported, 0, true));
+    if (unsupported) {
+      printf("lt_gemm_fp8_scaled: no algorithm that accumulates into Y here (the runtime writes apart)\n");
+      continue;
+    }
+    auto ya = dA.down();
+    std::vector<double> oa(ya.begin(), ya.end()), ra;
+    for (size_t i = 0; i < ya.size(); ++i) ra.push_back((double)y0[i] + (double)ys[i]);
+    report("lt_gemm_fp8_scaled accumulate", fmt("M=%d N=%d K=%d", M, N, K), rel_err(oa, ra), 1e-6);
   }
 }
 

@@ -1368,6 +1368,31 @@ static void check_quant_prev() {
       const size_t bad = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
       report_exact("silu_mul_quant vs previous",
                    fmt("%dx%d%s: differ %zu", rows, inter, rd ? " rows_dev" : "", bad), bad);
+      // BF16 rows: bit for bit the FP32 kernel on the same values widened
+      // (refused past 4096 columns, where the FP32 form goes scalar).
+      std::vector<__nv_bfloat16> g16(gu.size());
+      std::vector<float> gw(gu.size());
+      for (size_t i = 0; i < gu.size(); ++i) {
+        g16[i] = __float2bfloat16_rn(gu[i]);
+        gw[i] = __bfloat162float(g16[i]);
+      }
+      Dev<__nv_bfloat16> dg16(g16);
+      Dev<float> dgw(gw);
+      q1.poison();
+      q2.poison();
+      s1.poison();
+      s2.poison();
+      const cudaError_t e16 = silu_mul_quant_fp8(dg16.p, rows, inter, q1.p, s1.p, rd, 0);
+      if (inter > 4096) {
+        report_exact("silu_mul_quant BF16 refusal", fmt("%dx%d", rows, inter), e16 == cudaErrorInvalidValue ? 0 : 1);
+        continue;
+      }
+      CK(e16);
+      CK(silu_mul_quant_fp8(dgw.p, rows, inter, q2.p, s2.p, rd, 0));
+      CK(cudaDeviceSynchronize());
+      const size_t bad16 = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
+      report_exact("silu_mul_quant BF16 rows vs FP32",
+                   fmt("%dx%d%s: differ %zu", rows, inter, rd ? " rows_dev" : "", bad16), bad16);
     }
   }
 }
@@ -1463,6 +1488,37 @@ static void check_combine_norm() {
                        fmt("H=%d slots=%d T=%d add=%d: differ %zu bf16 %zu unwritten %zu", H, slots, T, with_add,
                            bad, badb, nan),
                        bad + badb + nan);
+          // BF16 expert rows: bit for bit the FP32 kernel on the same values widened.
+          if (slots == 1 || slots == 9) {
+            std::vector<__nv_bfloat16> y16(y.size());
+            std::vector<float> yw(y.size());
+            for (size_t i = 0; i < y.size(); ++i) {
+              y16[i] = __float2bfloat16_rn(y[i]);
+              yw[i] = __bfloat162float(y16[i]);
+            }
+            Dev<__nv_bfloat16> dy16(y16);
+            Dev<float> dyw(yw), h3(h0), h4(h0), s3(T), s4(T);
+            Dev<uint8_t> q3((size_t)T * H), q4((size_t)T * H);
+            AddNormArgs c = a;
+            c.delta = nullptr;
+            c.out_f32 = f1.p;
+            c.out_bf16 = nullptr;
+            c.h = h3.p;
+            c.out_q = q3.p;
+            c.out_scale = s3.p;
+            CK(combine_add_rmsnorm(dy16.p, di.p, dw.p, slots, ap, c, 0));
+            AddNormArgs c2 = c;
+            c2.out_f32 = f2.p;
+            c2.h = h4.p;
+            c2.out_q = q4.p;
+            c2.out_scale = s4.p;
+            CK(combine_add_rmsnorm(dyw.p, di.p, dw.p, slots, ap, c2, 0));
+            CK(cudaDeviceSynchronize());
+            const size_t bad16 = count_diff(h3.down(), h4.down()) + count_diff(f1.down(), f2.down()) +
+                                 count_diff(s3.down(), s4.down()) + count_diff(q3.down(), q4.down());
+            report_exact("combine_add_rmsnorm BF16 rows vs FP32",
+                         fmt("H=%d slots=%d T=%d add=%d: differ %zu", H, slots, T, with_add, bad16), bad16);
+          }
         }
       }
     }
