@@ -815,7 +815,6 @@ cudaError_t gemm_fp8_stream(const StreamGemmArgs& a, cudaStream_t st) {
 }
 
 cudaError_t gemm_fp8_stream_tuned(const StreamGemmArgs& a, const StreamTuning& tu, cudaStream_t st) {
-  if (a.Y16) return cudaErrorInvalidValue;  // BF16 output: the grouped tensor-core GEMM only
   if (a.N <= 0 || a.groups <= 0) return cudaSuccess;
   if (!a.group_offsets && a.M <= 0) return cudaSuccess;
   if (a.Xf) {

@@ -206,12 +206,12 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
   return (uint32_t)h.x | ((uint32_t)h.y << 16);
 }
 
-// Two adjacent outputs at element offset i of Y, or of Y16 rounded to BF16.
-__device__ __forceinline__ void store_pair(const StreamGemmArgs& a, int64_t i, float2 y) {
-  if (a.Y16)
-    *reinterpret_cast<__nv_bfloat162*>(a.Y16 + i) = __floats2bfloat162_rn(y.x, y.y);
+// Two adjacent outputs at element offset i of Y, or of y16 (when set) rounded to BF16.
+__device__ __forceinline__ void store_pair(float* Y, __nv_bfloat16* y16, int64_t i, float2 y) {
+  if (y16)
+    *reinterpret_cast<__nv_bfloat162*>(y16 + i) = __floats2bfloat162_rn(y.x, y.y);
   else
-    *reinterpret_cast<float2*>(a.Y + i) = y;
+    *reinterpret_cast<float2*>(Y + i) = y;
 }
 
 // ------------------------------------------------------------ the kernel
@@ -224,7 +224,7 @@ __device__ __forceinline__ void store_pair(const StreamGemmArgs& a, int64_t i, f
 // activations across every n-tile (re-read from L2).
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, C::MINB)
-    grouped_tc_kernel(StreamGemmArgs a, int n_tiles, int panel) {
+    grouped_tc_kernel(StreamGemmArgs a, __nv_bfloat16* y16, int n_tiles, int panel) {
   extern __shared__ uint8_t smem_raw[];
   pdl_launch_dependents();
   const int tid = threadIdx.x;
@@ -339,7 +339,7 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
     float2 y;
     y.x = v0 * xs * s_ws[c] + s_bias[c];
     y.y = v1 * xs * s_ws[c + 1] + s_bias[c + 1];
-    store_pair(a, (int64_t)(row0 + r) * ldy + n0 + c, y);
+    store_pair(a.Y, y16, (int64_t)(row0 + r) * ldy + n0 + c, y);
   };
 
   if constexpr (C::kWgmma) {
@@ -638,8 +638,8 @@ using CfgW128x128 = WsConfig<128, 6>;
 // past it are dropped as there, so both kernels read the same bounds.
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
-    grouped_ws_kernel(const __grid_constant__ CUtensorMap wmap, StreamGemmArgs a, int n_tiles, int panel,
-                      int m_bound) {
+    grouped_ws_kernel(const __grid_constant__ CUtensorMap wmap, StreamGemmArgs a, __nv_bfloat16* y16,
+                      int n_tiles, int panel, int m_bound) {
 #if defined(GLMK_HAS_WGMMA)
   extern __shared__ uint8_t smem_raw[];
   pdl_launch_dependents();
@@ -778,7 +778,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           float2 y;
           y.x = v0 * xs * s_ws[c] + s_bias[c];
           y.y = v1 * xs * s_ws[c + 1] + s_bias[c + 1];
-          store_pair(a, (int64_t)(row0 + 64 * cw + r) * a.ldy + n0 + c, y);
+          store_pair(a.Y, y16, (int64_t)(row0 + 64 * cw + r) * a.ldy + n0 + c, y);
         };
 #pragma unroll
         for (int j = 0; j < C::BN / 8; ++j) {
@@ -805,7 +805,7 @@ int expected_rows(const StreamGemmArgs& a) {
 }
 
 template <class C>
-cudaError_t launch_grouped(const StreamGemmArgs& a, int panel, cudaStream_t st) {
+cudaError_t launch_grouped(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, cudaStream_t st) {
   // The dynamic shared-memory limit is raised once per device.
   static std::atomic<bool> ready[kMaxDevices];
   int dev = 0;
@@ -828,12 +828,12 @@ cudaError_t launch_grouped(const StreamGemmArgs& a, int panel, cudaStream_t st) 
   const int64_t panels = (m_tiles + panel - 1) / panel;
   const int64_t blocks = panels * panel * n_tiles;
   if (blocks > 0x7fffffff) return cudaErrorInvalidValue;
-  grouped_tc_kernel<C><<<(unsigned)blocks, C::THREADS, C::SMEM, st>>>(a, n_tiles, panel);
+  grouped_tc_kernel<C><<<(unsigned)blocks, C::THREADS, C::SMEM, st>>>(a, y16, n_tiles, panel);
   return cudaGetLastError();
 }
 
 template <class C>
-cudaError_t launch_ws(const StreamGemmArgs& a, int panel, cudaStream_t st) {
+cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, cudaStream_t st) {
   static std::atomic<int> sms[kMaxDevices];  // SM count once the smem limit is raised
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -858,7 +858,8 @@ cudaError_t launch_ws(const StreamGemmArgs& a, int panel, cudaStream_t st) {
   const int n_tiles = ceil_div(a.N, C::BN);
   if (m_tiles * n_tiles > 0x7fffffff) return cudaErrorInvalidValue;  // tiles are int in the kernel
   const int grid = (int)std::min<int64_t>(m_tiles * n_tiles, num_sms);
-  grouped_ws_kernel<C><<<grid, C::THREADS, C::SMEM, st>>>(map, a, n_tiles, panel <= 0 ? 1 : panel, (int)m_tiles);
+  grouped_ws_kernel<C><<<grid, C::THREADS, C::SMEM, st>>>(map, a, y16, n_tiles, panel <= 0 ? 1 : panel,
+                                                          (int)m_tiles);
   return cudaGetLastError();
 }
 
@@ -872,16 +873,18 @@ bool gemm_fp8_grouped_tc_supported(int N, int K) {
   return N > 0 && K > 0 && N % 128 == 0 && K % kBK == 0;
 }
 
-cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tu,
-                                      cudaStream_t st) {
+namespace {
+// Y: FP32 into a.Y (y16 null) or BF16 into y16 (a.Y null).
+cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, const GroupedTcTuning& tu,
+                                cudaStream_t st) {
   if (a.Xf || a.ksplit != 1 || a.K <= 0 || a.K % kBK != 0 || a.N < 0 || a.N % 128 != 0 ||
       a.M < 0 || a.groups <= 0 || (!a.group_offsets && a.groups != 1) || a.max_active_groups < 0 ||
       a.typical_rows_per_group < 0 || tu.tile < 0 || tu.tile >= kGroupedTcTiles || tu.panel < 0)
     return cudaErrorInvalidValue;
   if (a.N == 0 || a.M == 0) return cudaSuccess;
-  // Exactly one of Y (FP32) and Y16 (BF16).
-  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y == !a.Y16 || a.ldy < a.N || a.ldy % 2 != 0 ||
-      !is_aligned(a.W, 16) || !is_aligned(a.X, 16) || !is_aligned(a.Y, 8) || !is_aligned(a.Y16, 4))
+  // Exactly one of Y (FP32) and y16 (BF16).
+  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y == !y16 || a.ldy < a.N || a.ldy % 2 != 0 ||
+      !is_aligned(a.W, 16) || !is_aligned(a.X, 16) || !is_aligned(a.Y, 8) || !is_aligned(y16, 4))
     return cudaErrorInvalidValue;
   int dev = 0, major = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -910,16 +913,27 @@ cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTu
   const int panel = tu.panel > 0 ? tu.panel : 1;
   if (tile != kGroupedTcM64x128 && !wgmma) return cudaErrorInvalidValue;
   switch (tile) {
-    case kGroupedTcE128x256: return launch_grouped<CfgE128x256>(a, panel, st);
-    case kGroupedTcE128x128: return launch_grouped<CfgE128x128>(a, panel, st);
-    case kGroupedTcE64x128: return launch_grouped<CfgE64x128>(a, panel, st);
-    case kGroupedTcF128x256: return launch_grouped<CfgF128x256>(a, panel, st);
-    case kGroupedTcF64x256: return launch_grouped<CfgF64x256>(a, panel, st);
-    case kGroupedTcM64x128: return launch_grouped<CfgM64x128>(a, panel, st);
-    case kGroupedTcW128x256: return launch_ws<CfgW128x256>(a, panel, st);
-    case kGroupedTcW128x128: return launch_ws<CfgW128x128>(a, panel, st);
+    case kGroupedTcE128x256: return launch_grouped<CfgE128x256>(a, y16, panel, st);
+    case kGroupedTcE128x128: return launch_grouped<CfgE128x128>(a, y16, panel, st);
+    case kGroupedTcE64x128: return launch_grouped<CfgE64x128>(a, y16, panel, st);
+    case kGroupedTcF128x256: return launch_grouped<CfgF128x256>(a, y16, panel, st);
+    case kGroupedTcF64x256: return launch_grouped<CfgF64x256>(a, y16, panel, st);
+    case kGroupedTcM64x128: return launch_grouped<CfgM64x128>(a, y16, panel, st);
+    case kGroupedTcW128x256: return launch_ws<CfgW128x256>(a, y16, panel, st);
+    case kGroupedTcW128x128: return launch_ws<CfgW128x128>(a, y16, panel, st);
     default: return cudaErrorInvalidValue;
   }
+}
+}  // namespace
+
+cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tu, cudaStream_t st) {
+  return grouped_tc_dispatch(a, nullptr, tu, st);
+}
+
+cudaError_t gemm_fp8_grouped_tc_bf16(const StreamGemmArgs& a, __nv_bfloat16* Y16, const GroupedTcTuning& tu,
+                                     cudaStream_t st) {
+  if (!Y16) return cudaErrorInvalidValue;
+  return grouped_tc_dispatch(a, Y16, tu, st);
 }
 
 }  // namespace glmk

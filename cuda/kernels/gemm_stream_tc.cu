@@ -369,7 +369,7 @@ int gemm_fp8_stream_tc_token_tile(const StreamGemmArgs& a) {
 
 cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& ws,
                                const StreamTcTuning& tu, cudaStream_t st) {
-  if (a.Xf || a.Y16 || a.ksplit != 1 || a.K <= 0 || a.K % kSwBK != 0 || a.N < 0 || a.M < 0 || a.groups <= 0 ||
+  if (a.Xf || a.ksplit != 1 || a.K <= 0 || a.K % kSwBK != 0 || a.N < 0 || a.M < 0 || a.groups <= 0 ||
       a.prefetch_group < -1 || a.prefetch_group >= a.groups ||
       (!a.group_offsets && a.groups != 1) || a.max_active_groups < 0 || a.typical_rows_per_group < 0 ||
       tu.splits < 0 || tu.splits > 64 ||

@@ -24,7 +24,7 @@ cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint
 // h = silu(gate) * up over gu[r] = [gate(inter) | up(inter)], then per-row FP8.
 cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st);
-// The same over BF16 rows (the grouped tensor-core GEMM's Y16), widened
+// The same over BF16 rows (gemm_fp8_grouped_tc_bf16's output), widened
 // exactly to FP32 first; inter % 4 == 0 and inter <= 4096 (else cudaErrorInvalidValue).
 cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st);
@@ -62,7 +62,7 @@ cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st);
 bool combine_add_rmsnorm_supported(int hidden, int slots);
 cudaError_t combine_add_rmsnorm(const float* y, const int* inv, const float* w, int slots,
                                 const float* add, const AddNormArgs& a, cudaStream_t st);
-// The same with BF16 expert rows (the grouped tensor-core GEMM's StreamGemmArgs::Y16),
+// The same with BF16 expert rows (gemm_fp8_grouped_tc_bf16's output),
 // each value widened exactly to FP32 before the same sums.
 cudaError_t combine_add_rmsnorm(const __nv_bfloat16* y, const int* inv, const float* w, int slots,
                                 const float* add, const AddNormArgs& a, cudaStream_t st);
@@ -352,9 +352,6 @@ struct StreamGemmArgs {
   int typical_rows_per_group = 0;
   int ksplit = 1;                   // >1 only without groups; needs ws
   float* Y = nullptr;               // [rows][ldy]
-  // gemm_fp8_grouped_tc only, instead of Y: the outputs rounded to BF16
-  // (round to nearest even), [rows][ldy] with ldy even.
-  __nv_bfloat16* Y16 = nullptr;
   int64_t ldy = 0;
   float* ws = nullptr;              // [ksplit][M][N] when ksplit > 1
   // Dense form, pipelined kernel (<= 32 rows): launch with programmatic
@@ -470,6 +467,12 @@ struct GroupedTcTuning {
 };
 cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tune,
                                       cudaStream_t st);
+// The same with the outputs rounded to BF16 (nearest even) into Y16 [rows][a.ldy]
+// (ldy even) instead of a.Y, which must be null. (A kernel argument of its own,
+// not a StreamGemmArgs field: a field there changed the streaming kernels' code
+// and made batch 1-4 decode steps ~2% slower on an H100.)
+cudaError_t gemm_fp8_grouped_tc_bf16(const StreamGemmArgs& a, __nv_bfloat16* Y16, const GroupedTcTuning& tune,
+                                     cudaStream_t st);
 
 // Tensor-core weight streaming for decode-sized batches (gemm_stream_tc.cu,
 // sm_90 only): the same Y as gemm_fp8_stream (dense or grouped, x_rows,

@@ -1,5 +1,7 @@
 // quant.cu — per-token dynamic FP8 activation quantization (docs/model.md §4.3),
 // alone and fused with SiLU(gate)*up (the input of every down projection).
+#include <type_traits>
+
 #include "common.cuh"
 
 namespace glmk {
@@ -117,10 +119,7 @@ __global__ void __launch_bounds__(kThreads) quant_rows_vec_kernel(
   if (tid == 0) scale[r] = s;
 }
 
-// Four consecutive values of a row as FP32 (BF16 widened exactly).
-__device__ __forceinline__ float4 load4(const float* row, int c) {
-  return __ldg(reinterpret_cast<const float4*>(row) + c);
-}
+// Four consecutive BF16 values of a row, widened exactly to FP32.
 __device__ __forceinline__ float4 load4(const __nv_bfloat16* row, int c) {
   const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + c);
   const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
@@ -137,16 +136,29 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
   const int r = blockIdx.x;
   if (rows_dev && r >= *rows_dev) return;
   __shared__ float scratch[32];
-  const GT* g_row = gu + (int64_t)r * 2 * inter;
-  const GT* u_row = g_row + inter;
   const int n4 = inter / 4, tid = threadIdx.x, nt = blockDim.x;
   float4 h[NV], u[NV];
+  if constexpr (std::is_same_v<GT, float>) {  // (as before the BF16 form: the same code)
+    const float4* g4 = reinterpret_cast<const float4*>(gu + (int64_t)r * 2 * inter);
+    const float4* u4 = g4 + inter / 4;
 #pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int c = tid + k * nt;
-    if (c < n4) {
-      h[k] = load4(g_row, c);
-      u[k] = load4(u_row, c);
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) {
+        h[k] = __ldg(g4 + c);
+        u[k] = __ldg(u4 + c);
+      }
+    }
+  } else {
+    const GT* g_row = gu + (int64_t)r * 2 * inter;
+    const GT* u_row = g_row + inter;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) {
+        h[k] = load4(g_row, c);
+        u[k] = load4(u_row, c);
+      }
     }
   }
   float amax = 0.f;

@@ -1018,10 +1018,6 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // half the bytes its GEMM writes and the SiLU reads (2k-token prefill on an
   // H100: 50 MB a layer in FP32, the SiLU 21 us at 73% of DRAM).
   __nv_bfloat16* const gu16 = grouped_tc ? reinterpret_cast<__nv_bfloat16*>(r.big) : nullptr;
-  if (gu16) {
-    g.Y = nullptr;
-    g.Y16 = gu16;
-  }
   // Past kStreamMaxRows rows (a few per expert) on sm_90: the TMA-fed
   // tensor-core streaming kernel, whose 16/32-row token tiles hold an
   // expert's rows in one pass. On an H200 (stream_tc_check --bench, 20 rank
@@ -1032,7 +1028,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   glmk::StreamTcTuning stc;
   stc.token_tile = shared_group_token_tile(e, m);
   if (grouped_tc) {
-    KCHECK(glmk::gemm_fp8_grouped_tc_tuned(g, gtc, r.stream), "layer %d: expert gate|up", l);
+    glmk::StreamGemmArgs gb = g;
+    gb.Y = nullptr;  // BF16 rows into gu16 instead
+    KCHECK(glmk::gemm_fp8_grouped_tc_bf16(gb, gu16, gtc, r.stream), "layer %d: expert gate|up", l);
   } else if (stream_tc_gu) {
     glmk::StreamGemmArgs gt = g;
     gt.M = T * d.slots;
@@ -1085,9 +1083,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // prefill on an H100: 84 MB per layer in FP32; the combine took 61 us at
   // 78% of DRAM). The residual rows stay FP32; the FP8 rows the next layer
   // reads are what the rounding reaches, well below their own 2^-4 steps.
-  const bool y16 = grouped_tc && !e.exact && combine_feeds_norm(e, l);
+  __nv_bfloat16* const y16 =
+      grouped_tc && !e.exact && combine_feeds_norm(e, l) ? reinterpret_cast<__nv_bfloat16*>(r.ysort) : nullptr;
   dn.Y = y16 ? nullptr : r.ysort;
-  dn.Y16 = y16 ? reinterpret_cast<__nv_bfloat16*>(r.ysort) : nullptr;
   dn.ldy = d.H;
   if (grouped_tc) dn.M = T * d.slots;
   // With the shared expert among the groups, down streams through the
@@ -1099,6 +1097,8 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     dt.typical_rows_per_group = typical;
     KCHECK(glmk::gemm_fp8_stream_tc(dt, glmk::StreamTcWorkspace{}, stc, r.stream),
            "layer %d: expert down (tensor-core stream)", l);
+  } else if (grouped_tc && y16) {
+    KCHECK(glmk::gemm_fp8_grouped_tc_bf16(dn, y16, gtc, r.stream), "layer %d: expert down (BF16 rows)", l);
   } else if (grouped_tc) {
     KCHECK(glmk::gemm_fp8_grouped_tc_tuned(dn, gtc, r.stream), "layer %d: expert down", l);
   } else {
@@ -1113,7 +1113,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     next.delta = nullptr;  // the combine's sum, in registers
     const float* add = shared_dense ? r.sh_out : nullptr;
     if (y16)
-      KCHECK(glmk::combine_add_rmsnorm(dn.Y16, r.inv, r.topk_w, d.slots, add, next, r.stream),
+      KCHECK(glmk::combine_add_rmsnorm(y16, r.inv, r.topk_w, d.slots, add, next, r.stream),
              "layer %d: moe combine (BF16 rows) + layer %d input add_rmsnorm", l, l + 1);
     else
       KCHECK(glmk::combine_add_rmsnorm(r.ysort, r.inv, r.topk_w, d.slots, add, next, r.stream),
