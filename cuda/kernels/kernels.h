@@ -25,7 +25,9 @@ cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint
 cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st);
 // The same over BF16 rows (gemm_fp8_grouped_tc_bf16's output), widened
-// exactly to FP32 first; inter % 4 == 0 and inter <= 4096 (else cudaErrorInvalidValue).
+// exactly to FP32 first, where silu_mul_quant_bf16_supported(inter) (else
+// cudaErrorInvalidValue): inter % 4 == 0 and inter <= 4096.
+bool silu_mul_quant_bf16_supported(int inter);
 cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st);
 // The same without quantization (exactness-check path): h [rows, inter] FP32.

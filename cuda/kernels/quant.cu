@@ -228,6 +228,13 @@ cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint
   return cudaGetLastError();
 }
 
+bool silu_mul_quant_bf16_supported(int inter) {
+  int threads = 0;
+  if (inter <= 0 || inter % 4 != 0) return false;
+  const int nv = vec_shape(inter / 4, &threads);
+  return nv >= 1 && nv <= 4;
+}
+
 cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st) {
   if (rows <= 0) return cudaSuccess;

@@ -1017,7 +1017,8 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // On that path gate|up comes out in BF16 (the SiLU kernel widens it back):
   // half the bytes its GEMM writes and the SiLU reads (2k-token prefill on an
   // H100: 50 MB a layer in FP32, the SiLU 21 us at 73% of DRAM).
-  __nv_bfloat16* const gu16 = grouped_tc ? reinterpret_cast<__nv_bfloat16*>(r.big) : nullptr;
+  __nv_bfloat16* const gu16 =
+      grouped_tc && glmk::silu_mul_quant_bf16_supported(d.MI) ? reinterpret_cast<__nv_bfloat16*>(r.big) : nullptr;
   // Past kStreamMaxRows rows (a few per expert) on sm_90: the TMA-fed
   // tensor-core streaming kernel, whose 16/32-row token tiles hold an
   // expert's rows in one pass. On an H200 (stream_tc_check --bench, 20 rank

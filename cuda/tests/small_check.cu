@@ -1384,7 +1384,12 @@ static void check_quant_prev() {
       s2.poison();
       const cudaError_t e16 = silu_mul_quant_fp8(dg16.p, rows, inter, q1.p, s1.p, rd, 0);
       if (inter > 4096) {
-        report_exact("silu_mul_quant BF16 refusal", fmt("%dx%d", rows, inter), e16 == cudaErrorInvalidValue ? 0 : 1);
+        report_exact("silu_mul_quant BF16 refusal", fmt("%dx%d", rows, inter),
+                     e16 == cudaErrorInvalidValue && !silu_mul_quant_bf16_supported(inter) ? 0 : 1);
+        continue;
+      }
+      if (!silu_mul_quant_bf16_supported(inter)) {
+        report_exact("silu_mul_quant BF16 supported", fmt("inter %d", inter), 1);
         continue;
       }
       CK(e16);
