@@ -61,6 +61,17 @@ static void report_exact(const std::string& name, const std::string& detail, siz
   report(name, detail, bad ? 1.0 : 0.0, 0.0);
 }
 
+// x rounded to BF16 (nearest even), and those values widened back to FP32:
+// the inputs of a BF16-row kernel and of its FP32 twin that must match it.
+static void round_bf16(const std::vector<float>& x, std::vector<__nv_bfloat16>& b16, std::vector<float>& wide) {
+  b16.resize(x.size());
+  wide.resize(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    b16[i] = __float2bfloat16_rn(x[i]);
+    wide[i] = __bfloat162float(b16[i]);
+  }
+}
+
 // ------------------------------------------------------------ previous kernels
 // Verbatim copies of the kernels as they were before the decode rewrite (the
 // launch shapes included), to check the new ones give the same bits and to
@@ -1370,12 +1381,9 @@ static void check_quant_prev() {
                    fmt("%dx%d%s: differ %zu", rows, inter, rd ? " rows_dev" : "", bad), bad);
       // BF16 rows: bit for bit the FP32 kernel on the same values widened
       // (refused past 4096 columns, where the FP32 form goes scalar).
-      std::vector<__nv_bfloat16> g16(gu.size());
-      std::vector<float> gw(gu.size());
-      for (size_t i = 0; i < gu.size(); ++i) {
-        g16[i] = __float2bfloat16_rn(gu[i]);
-        gw[i] = __bfloat162float(g16[i]);
-      }
+      std::vector<__nv_bfloat16> g16;
+      std::vector<float> gw;
+      round_bf16(gu, g16, gw);
       Dev<__nv_bfloat16> dg16(g16);
       Dev<float> dgw(gw);
       q1.poison();
@@ -1495,12 +1503,9 @@ static void check_combine_norm() {
                        bad + badb + nan);
           // BF16 expert rows: bit for bit the FP32 kernel on the same values widened.
           if (slots == 1 || slots == 9) {
-            std::vector<__nv_bfloat16> y16(y.size());
-            std::vector<float> yw(y.size());
-            for (size_t i = 0; i < y.size(); ++i) {
-              y16[i] = __float2bfloat16_rn(y[i]);
-              yw[i] = __bfloat162float(y16[i]);
-            }
+            std::vector<__nv_bfloat16> y16;
+            std::vector<float> yw;
+            round_bf16(y, y16, yw);
             Dev<__nv_bfloat16> dy16(y16);
             Dev<float> dyw(yw), h3(h0), h4(h0), s3(T), s4(T);
             Dev<uint8_t> q3((size_t)T * H), q4((size_t)T * H);
