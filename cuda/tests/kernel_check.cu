@@ -407,6 +407,36 @@ struct PdlRun {
   int prog_edges = 0;                   // programmatic edges of the two captured graphs
 };
 
+// The output buffers of a PDL check: iters of n floats for the plain
+// launches (ref) and as many for the PDL ones (out).
+struct PdlBuffers {
+  std::vector<std::unique_ptr<Dev<float>>> ref, out;
+  PdlBuffers(int iters, size_t n) {
+    for (int i = 0; i < iters; ++i) {
+      ref.emplace_back(new Dev<float>(n));
+      out.emplace_back(new Dev<float>(n));
+    }
+  }
+};
+
+// The plain launches run_pdl_calls compares against, one at a time:
+// writer(i, 0, 0), gemm(i, ref[i]), a sync; after the first call, first()
+// (to save the inputs of the float64 reference). ref[] is poisoned first.
+static void run_plain_calls(cudaStream_t s, int iters, const PdlBuffers& b,
+                            const std::function<void(int, int, long long)>& writer,
+                            const std::function<void(int, float*)>& gemm, const std::function<void()>& first) {
+  // (Poison goes through the legacy default stream, which a non-blocking stream
+  // does not wait for: synchronise the device after it.)
+  for (int i = 0; i < iters; ++i) b.ref[i]->poison();
+  CK(cudaDeviceSynchronize());
+  for (int i = 0; i < iters; ++i) {
+    writer(i, 0, 0);
+    gemm(i, b.ref[i]->p);
+    CK(cudaStreamSynchronize(s));
+    if (i == 0) first();
+  }
+}
+
 // The calls i = 0..iters-1 of writer(i, trigger, spin_ns) then gemm(i, Y) with
 // Y = out[i]: eagerly (writers triggering their dependents at once, then
 // spinning), then captured in a graph (writers with and without the early
@@ -465,11 +495,7 @@ static void check_stream_pdl(int M, int N, int K, int ksplit, StreamTuning tune 
   LinearCase c = make_linear(M, N, K, M);
   Dev<uint8_t> dW(c.W), dX((size_t)M * K);
   Dev<float> dws(c.ws), dxs(M), db(c.bias), dwk((size_t)std::max(1, ksplit) * M * N);
-  std::vector<std::unique_ptr<Dev<float>>> ref, out;
-  for (int i = 0; i < iters; ++i) {
-    ref.emplace_back(new Dev<float>((size_t)M * N));
-    out.emplace_back(new Dev<float>((size_t)M * N));
-  }
+  const PdlBuffers bufs(iters, (size_t)M * N);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   StreamGemmArgs a;
@@ -492,21 +518,17 @@ static void check_stream_pdl(int M, int N, int K, int ksplit, StreamTuning tune 
   // Plain launches, one at a time: the expected outputs.
   std::vector<uint8_t> x0;
   std::vector<float> xs0;
-  // (Poison goes through the legacy default stream, which a non-blocking stream
-  // does not wait for: synchronise the device after it.)
-  for (int i = 0; i < iters; ++i) ref[i]->poison();
-  CK(cudaDeviceSynchronize());
-  for (int i = 0; i < iters; ++i) {
-    writer(i, 0, 0);
-    a.pdl = 0;
-    a.Y = ref[i]->p;
-    CK(gemm_fp8_stream_tuned(a, tune, s));
-    CK(cudaStreamSynchronize(s));
-    if (i == 0) {
-      x0 = dX.down();
-      xs0 = dxs.down();
-    }
-  }
+  a.pdl = 0;
+  run_plain_calls(
+      s, iters, bufs, writer,
+      [&](int, float* Y) {
+        a.Y = Y;
+        CK(gemm_fp8_stream_tuned(a, tune, s));
+      },
+      [&] {
+        x0 = dX.down();
+        xs0 = dxs.down();
+      });
   // Float64 reference on the first X.
   LinearCase c0 = c;
   c0.X = x0;
@@ -514,10 +536,10 @@ static void check_stream_pdl(int M, int N, int K, int ksplit, StreamTuning tune 
   std::vector<double> r0;
   for (int r = 0; r < M; ++r)
     for (int n = 0; n < N; ++n) r0.push_back(linear_ref(c0, r, n, c.W.data(), c.ws.data(), c.bias.data()));
-  auto y0 = ref[0]->down();
+  auto y0 = bufs.ref[0]->down();
   const double err = rel_err(std::vector<double>(y0.begin(), y0.end()), r0);
   a.pdl = 1;
-  const PdlRun run = run_pdl_calls(s, iters, ref, out, writer, [&](int, float* Y) {
+  const PdlRun run = run_pdl_calls(s, iters, bufs.ref, bufs.out, writer, [&](int, float* Y) {
     a.Y = Y;
     CK(gemm_fp8_stream_tuned(a, tune, s));
   });
@@ -578,11 +600,7 @@ static void check_stream_grouped_pdl(int tile_rows, int prefetch_group) {
   Dev<uint8_t> dW(Wg), dX((size_t)rows * K);
   Dev<float> dws(wsg), dxs(rows), db(bg);
   Dev<int> doff(std::vector<int>(G + 1, 0)), dbase(base), dxr(xr);
-  std::vector<std::unique_ptr<Dev<float>>> ref, out;
-  for (int i = 0; i < iters; ++i) {
-    ref.emplace_back(new Dev<float>((size_t)rows * N));
-    out.emplace_back(new Dev<float>((size_t)rows * N));
-  }
+  const PdlBuffers bufs(iters, (size_t)rows * N);
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   StreamGemmArgs a;
@@ -608,27 +626,25 @@ static void check_stream_grouped_pdl(int tile_rows, int prefetch_group) {
                                               spin);
     CK(cudaGetLastError());
   };
-  for (int i = 0; i < iters; ++i) ref[i]->poison();
-  CK(cudaDeviceSynchronize());
   std::vector<uint8_t> x0;
   std::vector<float> xs0;
   std::vector<int> off0;
-  for (int i = 0; i < iters; ++i) {
-    writer(i, 0, 0);
-    a.pdl = 0;
-    a.prefetch_group = -1;
-    a.Y = ref[i]->p;
-    CK(gemm_fp8_stream_tuned(a, tune, s));
-    CK(cudaStreamSynchronize(s));
-    if (i == 0) {
-      x0 = dX.down();
-      xs0 = dxs.down();
-      off0 = doff.down();
-    }
-  }
+  a.pdl = 0;
+  a.prefetch_group = -1;
+  run_plain_calls(
+      s, iters, bufs, writer,
+      [&](int, float* Y) {
+        a.Y = Y;
+        CK(gemm_fp8_stream_tuned(a, tune, s));
+      },
+      [&] {
+        x0 = dX.down();
+        xs0 = dxs.down();
+        off0 = doff.down();
+      });
   // Float64 reference of the first call.
   std::vector<double> r0, y0d;
-  const std::vector<float> y0 = ref[0]->down();
+  const std::vector<float> y0 = bufs.ref[0]->down();
   for (int g = 0; g < G; ++g)
     for (int r = off0[g]; r < off0[g + 1]; ++r)
       for (int n = 0; n < N; ++n) {
@@ -642,7 +658,7 @@ static void check_stream_grouped_pdl(int tile_rows, int prefetch_group) {
   const double err = rel_err(y0d, r0);
   a.pdl = 1;
   a.prefetch_group = prefetch_group;
-  const PdlRun run = run_pdl_calls(s, iters, ref, out, writer, [&](int, float* Y) {
+  const PdlRun run = run_pdl_calls(s, iters, bufs.ref, bufs.out, writer, [&](int, float* Y) {
     a.Y = Y;
     CK(gemm_fp8_stream_tuned(a, tune, s));
   });
