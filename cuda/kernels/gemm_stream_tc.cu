@@ -116,6 +116,7 @@ struct SwapLaunch {
   int m_bound;  // bound on the token tiles (the workspace's tile slots)
   float* partials;  // [m_bound * n_wb][splits][NT][128] when splits > 1
   int* counters;    // [m_bound * n_wb], zero between launches, when splits > 1
+  int probe_tiled;
 };
 
 template <class C>
@@ -185,7 +186,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         const uint32_t sw = sbase + stage * C::STAGE_BYTES, full = bar_full + 8 * stage;
         if (tid == 0) {
           mbar_arrive_expect_tx(full, C::W_BYTES);
-          tma_load_2d_hint(sw, &wmap, kt * kSwBK, wrow, full, wpol);
+          if (L.probe_tiled) tma_load_2d_hint(sw, &wmap, 0, (wrow / kSwWRows * KT + kt) * kSwWRows, full, wpol);
+          else tma_load_2d_hint(sw, &wmap, kt * kSwBK, wrow, full, wpol);
         }
 #pragma unroll
         for (int i = 0; i < C::X_PER; ++i) {
@@ -309,7 +311,7 @@ constexpr int kMaxDevices = 64;
 
 template <class C>
 cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& ws, int splits_req,
-                             int sms, cudaStream_t st) {
+                             int sms, cudaStream_t st, int probe) {
   static std::atomic<bool> ready[kMaxDevices];
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -321,7 +323,8 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
     ready[dev].store(true, std::memory_order_release);
   }
   CUtensorMap map;
-  e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, kSwWRows);
+  if (probe && a.N % kSwWRows == 0) e = encode_weight_map(&map, a.W, kSwBK, (int64_t)a.groups * a.N * (a.K / kSwBK), kSwWRows);
+  else e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, kSwWRows);
   if (e != cudaSuccess) return e;
   // Token tiles: a bound for the workspace and the grid (ceil(M / NT) plus one
   // partial tile per non-empty group), and the count a typical launch has.
@@ -347,7 +350,7 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
   const size_t per_split = (size_t)m_bound * n_wb * C::NT * kSwWRows;
   while (S > 1 && (per_split * S > ws.partial_floats || m_bound * n_wb > ws.n_counters)) --S;
   if (m_bound * n_wb * (int64_t)S > 0x7fffffff) return cudaErrorInvalidValue;
-  SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters};
+  SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters, probe && a.N % kSwWRows == 0};
   const int grid = (int)std::min<int64_t>((int64_t)m_bound * n_wb * S, sms);
   // With a.pdl the CTAs may start while the previous kernel runs (StreamGemmArgs::pdl).
   return launch_kernel(a.pdl != 0, stream_tc_kernel<C>, dim3(grid), dim3(C::THREADS), C::SMEM, st, map, a, L);
@@ -388,10 +391,10 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   if (major != 9) return cudaErrorNotSupported;  // wgmma: sm_90 only
   const int nt = tu.token_tile > 0 ? tu.token_tile : gemm_fp8_stream_tc_token_tile(a);
   switch (nt) {
-    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, sms, st);
-    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu.splits, sms, st);
-    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu.splits, sms, st);
-    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu.splits, sms, st);
+    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
+    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
+    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
+    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
   }
 }
 

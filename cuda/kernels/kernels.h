@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <cmath>
 #include <string>
 
 namespace glmk {
@@ -30,6 +31,14 @@ cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q,
 bool silu_mul_quant_bf16_supported(int inter);
 cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st);
+// The same over a GEMM's unscaled FP32 sums (linear()'s deferred epilogue):
+// each value is scaled first as gemm_fp8_epilogue would, (sum * x_scale[r]) *
+// w_scale[c] for c < 2 * inter, so the result equals gemm_fp8_epilogue then
+// silu_mul_quant_fp8 bit for bit. Where silu_mul_quant_fp8_scaled_supported
+// (inter % 4 == 0, inter <= 4096, w_scale 16-byte aligned), else cudaErrorInvalidValue.
+bool silu_mul_quant_fp8_scaled_supported(int inter, const float* w_scale);
+cudaError_t silu_mul_quant_fp8_scaled(const float* gu, int rows, int inter, const float* x_scale,
+                                      const float* w_scale, uint8_t* q, float* scale, cudaStream_t st);
 // The same without quantization (exactness-check path): h [rows, inter] FP32.
 cudaError_t silu_mul_f32(const float* gu, int rows, int inter, float* h, const int* rows_dev,
                          cudaStream_t st);
@@ -494,6 +503,7 @@ struct StreamTcWorkspace {
 struct StreamTcTuning {
   int token_tile = 0;  // 16, 32, 64, 128; 0: from max_rows_per_group (dense) or twice typical_rows_per_group
   int splits = 0;      // K splits per tile (1..64); 0: none (every split measured slower on an H200)
+  int probe_tiled = 0; // timing probe only (wrong results): each stage reads 16 contiguous KB
 };
 bool gemm_fp8_stream_tc_supported(int N, int K);
 // The token tile the launch would choose (StreamTcTuning::token_tile 0).
@@ -508,11 +518,44 @@ cudaError_t gemm_fp8_epilogue(const float* ws, int ksplit, int M, int N, const f
 
 // cuBLASLt FP8 GEMM for many rows: D[M,N] (FP32, row-major) = Xq[M,K] * W[N,K]^T
 // with unit scales; the caller applies gemm_fp8_epilogue (ksplit = 1).
+struct LtAlgoCache;  // gemm.cu: the algorithm lt_tune_fp8 chose per call shape
 struct LtGemm {
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Null: every call runs the heuristic's first algorithm. Else (lt_algo_cache_create)
+  // a call whose shape lt_tune_fp8 timed runs the fastest algorithm found there.
+  LtAlgoCache* algos = nullptr;
 };
+// The shape of one cuBLASLt FP8 call: the key of the algorithm cache.
+struct LtShape {
+  int M = 0, N = 0, K = 0;
+  bool scaled = false;      // lt_gemm_fp8_scaled (else lt_gemm_fp8)
+  bool bias = false;        // scaled with a bias epilogue
+  bool accumulate = false;  // scaled, Y += product
+};
+LtAlgoCache* lt_algo_cache_create();
+void lt_algo_cache_destroy(LtAlgoCache* c);
+constexpr int kLtMaxCandidates = 16;  // candidates of cuBLASLt's heuristic tried per shape
+// Runs shape s with candidate `pick` of cuBLASLt's heuristic (0: its first):
+// for the benches. Buffers as for lt_gemm_fp8(_scaled).
+std::string lt_gemm_fp8_pick(const LtGemm& lt, const LtShape& s, int pick, const uint8_t* W,
+                             const uint8_t* X, float* Y, const float* x_scale, const float* w_scale,
+                             const float* bias, cudaStream_t st);
+struct LtTuneReport {
+  int candidates = 0;  // the heuristic's candidates
+  int best = -1;       // the one chosen (-1: none ran)
+  float first_us = NAN, best_us = NAN;  // time per call of the heuristic's first and of the chosen
+};
+// Times every candidate of shape s (a CUDA graph of reps calls each, the
+// weights rotated over Ws[0..nW) so that they come from HBM as in a decode
+// step; Y is overwritten, or added to with accumulate) and keeps the fastest
+// in lt.algos (calls of that shape then run it; the heuristic's first stays
+// unless another is 3% faster). Synchronizes the stream: call it at start-up,
+// never inside a step.
+std::string lt_tune_fp8(const LtGemm& lt, const LtShape& s, const uint8_t* const* Ws, int nW,
+                        const uint8_t* X, float* Y, const float* x_scale, const float* w_scale,
+                        const float* bias, cudaStream_t st, int reps, LtTuneReport* report);
 // Returns "" on success, otherwise a description naming the failed call.
 std::string lt_gemm_fp8(const LtGemm& lt, const uint8_t* W, const uint8_t* X, float* D, int M,
                         int N, int K, cudaStream_t st);

@@ -127,11 +127,14 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* row, int c) {
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
-// GT: the gate|up rows' type, float or __nv_bfloat16.
-template <int NV, typename GT = float>
+// GT: the gate|up rows' type, float or __nv_bfloat16. SC (float rows only):
+// the rows are a GEMM's unscaled sums; each value is first scaled as
+// gemm_fp8_epilogue does, (sum * x_scale[r]) * w_scale[c] (c over 2 * inter).
+template <int NV, typename GT = float, bool SC = false>
 __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
     const GT* __restrict__ gu, int inter, uint8_t* __restrict__ q, float* __restrict__ scale,
-    const int* __restrict__ rows_dev) {
+    const int* __restrict__ rows_dev, const float* __restrict__ x_scale = nullptr,
+    const float* __restrict__ w_scale = nullptr) {
   pdl_launch_dependents();
   const int r = blockIdx.x;
   if (rows_dev && r >= *rows_dev) return;
@@ -147,6 +150,21 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
       if (c < n4) {
         h[k] = __ldg(g4 + c);
         u[k] = __ldg(u4 + c);
+      }
+    }
+    if constexpr (SC) {
+      const float xr = __ldg(x_scale + r);
+      const float4* wg4 = reinterpret_cast<const float4*>(w_scale);
+      const float4* wu4 = wg4 + inter / 4;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int c = tid + k * nt;
+        if (c < n4) {
+          const float4 a = __ldg(wg4 + c), b = __ldg(wu4 + c);
+          const float4 g = h[k], v = u[k];
+          h[k] = make_float4(g.x * xr * a.x, g.y * xr * a.y, g.z * xr * a.z, g.w * xr * a.w);
+          u[k] = make_float4(v.x * xr * b.x, v.y * xr * b.y, v.z * xr * b.z, v.w * xr * b.w);
+        }
       }
     }
   } else {
@@ -251,6 +269,38 @@ cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uin
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
+}
+
+cudaError_t silu_mul_quant_fp8_scaled(const float* gu, int rows, int inter, const float* x_scale,
+                                      const float* w_scale, uint8_t* q, float* scale, cudaStream_t st) {
+  if (rows <= 0) return cudaSuccess;
+  int threads = 0;
+  const int nv = inter % 4 == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)q % 4 == 0 && x_scale && w_scale &&
+                         (uintptr_t)w_scale % 16 == 0
+                     ? vec_shape(inter / 4, &threads)
+                     : 0;
+  if (nv <= 0) return cudaErrorInvalidValue;  // no scalar form: the runtime checks first
+  switch (nv) {
+#define GLMK_SILU_SC(N)                                                                                     \
+  case N:                                                                                                   \
+    silu_mul_quant_vec_kernel<N, float, true><<<rows, threads, 0, st>>>(gu, inter, q, scale, nullptr, x_scale, \
+                                                                        w_scale);                           \
+    break;
+    GLMK_SILU_SC(1)
+    GLMK_SILU_SC(2)
+    GLMK_SILU_SC(3)
+    GLMK_SILU_SC(4)
+#undef GLMK_SILU_SC
+    default: return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+bool silu_mul_quant_fp8_scaled_supported(int inter, const float* w_scale) {
+  int threads = 0;
+  if (inter <= 0 || inter % 4 != 0 || (uintptr_t)w_scale % 16 != 0) return false;
+  const int nv = vec_shape(inter / 4, &threads);
+  return nv >= 1 && nv <= 4;
 }
 
 cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q, float* scale,

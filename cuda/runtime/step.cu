@@ -553,11 +553,22 @@ constexpr int kStreamTcDenseMaxRows = 32;
 // tensor-core grouped GEMM (prefill) instead of the streaming kernel's row tiles.
 constexpr int kGroupedTcMinRows = 32;
 
+// Rows up to which a linear whose caller can apply the scales itself
+// (epilogue_deferred) runs cuBLASLt's plain FP8 GEMM rather than its
+// outer-vector-scaled one: for these shapes cuBLASLt 13.0 offers a single
+// scaled algorithm (128 x 128 tiles: 24 CTAs for N = 3,072) but eight plain
+// ones. H100, stream_tc_check --lt-sweep (2026-11-27), us per call: shared
+// expert gate|up 3072 x 5120 scaled 15.6 / 15.9 / 16.1 at 64 / 128 / 256
+// rows, plain 8.5 / 9.3 / 11.5; 5120 x 1536 scaled 8.1 / 8.3 / 8.5, plain
+// 6.2 / 6.5 / 7.8. Not measured beyond (prefill keeps the scaled path).
+constexpr int kLtDeferMaxRows = 256;
+
 // Xf set: exactness-check path (FP32 activations).
 // P: the rows the launch shape is chosen for (Meta::policy_rows, >= M).
 // epilogue_deferred: when set and the cuBLASLt path would follow its GEMM with
-// gemm_fp8_epilogue (a bias), Y is left unscaled and *epilogue_deferred set:
-// the next kernel applies the scales and the bias as it reads Y.
+// gemm_fp8_epilogue (a bias, or up to kLtDeferMaxRows rows), Y is left
+// unscaled and *epilogue_deferred set: the next kernel applies the scales (and
+// the bias) as it reads Y.
 // acc_into (with accumulated): where the cuBLASLt path with fused scales runs,
 // the product is added to acc_into in place (its C operand) instead of being
 // written to Y, and *accumulated is set; the other paths write Y.
@@ -626,7 +637,7 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
   // bias epilogue but none with one (kernel_check, 2026-11-24), so linears with
   // a bias (q|k|v) keep the plain GEMM + gemm_fp8_epilogue, as does a cuBLASLt
   // without any.
-  if (r.lt_scaled != 0 && !bias) {
+  if (r.lt_scaled != 0 && !bias && !(epilogue_deferred && P <= kLtDeferMaxRows)) {
     bool unsupported = false;
     std::string err;
     if (acc_into && accumulated && r.lt_accumulate != 0) {
@@ -909,11 +920,17 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   PROF(GLMRT_PROF_NORM);
   const float* xf_in = e.exact ? r.xf : nullptr;
   if (!L.moe) {
+    // The SiLU applies gate|up's scales where cuBLASLt's plain GEMM runs it.
+    bool gu_raw = false;
+    const bool can_defer = !e.exact && glmk::silu_mul_quant_fp8_scaled_supported(d.I_l, L.gu_scale);
     GLMRT_TRY(linear(r, L.gu, L.gu_scale, nullptr, 2 * d.I_l, d.H, r.xq, r.xs, xf_in, T,
-                     m.policy_rows, r.big, l, "gate|up", !e.prof.on));
+                     m.policy_rows, r.big, l, "gate|up", !e.prof.on, can_defer ? &gu_raw : nullptr));
     PROF(GLMRT_PROF_DENSE_GATE_UP);
     if (e.exact)
       KCHECK(glmk::silu_mul_f32(r.big, T, d.I_l, r.hf, nullptr, r.stream), "layer %d: silu_mul", l);
+    else if (gu_raw)
+      KCHECK(glmk::silu_mul_quant_fp8_scaled(r.big, T, d.I_l, r.xs, L.gu_scale, r.hq, r.hs, r.stream),
+             "layer %d: silu_mul_quant (gate|up scales)", l);
     else
       KCHECK(glmk::silu_mul_quant_fp8(r.big, T, d.I_l, r.hq, r.hs, nullptr, r.stream),
              "layer %d: silu_mul_quant", l);
@@ -970,11 +987,18 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   PROF(GLMRT_PROF_ROUTER);
   if (shared_dense) {
     const size_t MI = d.MI, H = d.H, sg = r.shared_local;
-    GLMRT_TRY(linear(r, L.e_gu + sg * 2 * MI * H, L.e_gu_scale + sg * 2 * MI, nullptr, 2 * d.MI, d.H,
-                     r.xq, r.xs, nullptr, T, m.policy_rows, r.sh_big, l, "shared expert gate|up"));
+    const float* gu_scale = L.e_gu_scale + sg * 2 * MI;
+    bool gu_raw = false;  // as the dense MLP's above
+    const bool can_defer = glmk::silu_mul_quant_fp8_scaled_supported(d.MI, gu_scale);
+    GLMRT_TRY(linear(r, L.e_gu + sg * 2 * MI * H, gu_scale, nullptr, 2 * d.MI, d.H, r.xq, r.xs, nullptr, T,
+                     m.policy_rows, r.sh_big, l, "shared expert gate|up", false, can_defer ? &gu_raw : nullptr));
     PROF(GLMRT_PROF_EXPERT_GATE_UP);
-    KCHECK(glmk::silu_mul_quant_fp8(r.sh_big, T, d.MI, r.sh_hq, r.sh_hs, nullptr, r.stream),
-           "layer %d: shared expert silu_mul_quant", l);
+    if (gu_raw)
+      KCHECK(glmk::silu_mul_quant_fp8_scaled(r.sh_big, T, d.MI, r.xs, gu_scale, r.sh_hq, r.sh_hs, r.stream),
+             "layer %d: shared expert silu_mul_quant (gate|up scales)", l);
+    else
+      KCHECK(glmk::silu_mul_quant_fp8(r.sh_big, T, d.MI, r.sh_hq, r.sh_hs, nullptr, r.stream),
+             "layer %d: shared expert silu_mul_quant", l);
     PROF(GLMRT_PROF_ACTIVATION);
     GLMRT_TRY(linear(r, L.e_down + sg * H * MI, L.e_down_scale + sg * H, nullptr, d.H, d.MI, r.sh_hq,
                      r.sh_hs, nullptr, T, m.policy_rows, r.sh_out, l, "shared expert down"));

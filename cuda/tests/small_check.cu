@@ -1379,6 +1379,35 @@ static void check_quant_prev() {
       const size_t bad = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
       report_exact("silu_mul_quant vs previous",
                    fmt("%dx%d%s: differ %zu", rows, inter, rd ? " rows_dev" : "", bad), bad);
+      {
+        // Unscaled GEMM sums, the scales applied by the kernel: bit for bit
+        // gemm_fp8_epilogue then the plain kernel (refused past 4096 columns
+        // and for a w_scale that is not 16-byte aligned).
+        std::vector<float> xsv(rows), wsv(2 * inter + 4);
+        for (auto& v : xsv) v = randu(1e-3f, 2.f);
+        for (auto& v : wsv) v = randu(1e-3f, 2.f);
+        Dev<float> dxs(xsv), dws(wsv), scaled((size_t)rows * 2 * inter);
+        q1.poison();
+        q2.poison();
+        s1.poison();
+        s2.poison();
+        const bool sup = silu_mul_quant_fp8_scaled_supported(inter, dws.p);
+        const cudaError_t es = silu_mul_quant_fp8_scaled(dgu.p, rows, inter, dxs.p, dws.p, q1.p, s1.p, 0);
+        const bool mis_refused = !silu_mul_quant_fp8_scaled_supported(inter, dws.p + 1) &&
+                                 silu_mul_quant_fp8_scaled(dgu.p, rows, inter, dxs.p, dws.p + 1, q1.p, s1.p, 0) ==
+                                     cudaErrorInvalidValue;
+        report_exact("silu_mul_quant scaled refusal", fmt("%dx%d: misaligned w_scale%s", rows, inter,
+                                                           sup ? "" : ", too wide"),
+                     mis_refused && (sup ? inter <= 4096 : inter > 4096 && es == cudaErrorInvalidValue) ? 0 : 1);
+        if (sup) {
+          CK(es);
+          CK(gemm_fp8_epilogue(dgu.p, 1, rows, 2 * inter, dxs.p, dws.p, nullptr, scaled.p, 2 * inter, 0));
+          CK(silu_mul_quant_fp8(scaled.p, rows, inter, q2.p, s2.p, nullptr, 0));
+          CK(cudaDeviceSynchronize());
+          const size_t bsc = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
+          report_exact("silu_mul_quant scaled vs epilogue+silu", fmt("%dx%d: differ %zu", rows, inter, bsc), bsc);
+        }
+      }
       // BF16 rows: bit for bit the FP32 kernel on the same values widened
       // (refused past 4096 columns, where the FP32 form goes scalar).
       std::vector<__nv_bfloat16> g16;

@@ -526,16 +526,159 @@ static void bench(const LtGemm& lt) {
   }
 }
 
+// --probe: the routed experts (with and without the shared expert as a 21st
+// group of every token's row, as the runtime runs 9-64 rows) with the weights
+// read row-major (the layout the runtime has) and, as a timing probe only,
+// each pipeline stage reading 16 contiguous KB (a pre-tiled layout).
+static void bench_probe() {
+  const double kHbm = 3.11e12;
+  const int H = 5120, I = 1536, E = 20, MMAX = 512;
+  Dev<uint8_t> X((size_t)MMAX * H);
+  Dev<float> xs(MMAX), Y((size_t)2 * MMAX * 2 * H);
+  fill_fp8_kernel<<<1024, 256>>>(X.p, X.n, rng());
+  CK(cudaGetLastError());
+  xs.up(std::vector<float>(xs.n, 1.f / 448));
+  Workspace wsp(16u << 20, 1 << 16);
+  auto graph_us = [&](auto launch) { return 1e3 * graph_replay_ms(launch, 20, 20, 3, 3) / 20; };
+  printf("\nprobe: experts, us per call; %% of 3.11 TB/s on the weights of the groups hit; probe = 16 contiguous KB per stage\n");
+  struct Shape { const char* name; int N, K; };
+  const Shape moe[] = {{"experts g|u", 2 * I, H}, {"experts down", H, I}};
+  for (const Shape& sh : moe) {
+    const size_t wb = (size_t)(E + 1) * sh.N * sh.K;
+    const int copies = (int)std::max<size_t>(2, (400u << 20) / wb + 1);
+    Dev<uint8_t> W(wb * copies);
+    Dev<float> wsc((size_t)(E + 1) * sh.N * copies);
+    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
+    CK(cudaGetLastError());
+    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
+    for (int T : {16, 64, 128, 256}) {
+      for (int shared = 0; shared < 2; ++shared) {
+        if (shared && T > 64) continue;
+        std::vector<int> cnt(E, 0);
+        for (int r = 0; r < T; ++r) ++cnt[randi(0, E - 1)];
+        const int G = E + shared;
+        std::vector<int> off(G + 1, 0);
+        int hit = shared;
+        for (int e = 0; e < E; ++e) {
+          off[e + 1] = off[e] + cnt[e];
+          hit += cnt[e] > 0;
+        }
+        if (shared) off[E + 1] = off[E] + T;
+        std::vector<int> rows(T);
+        std::iota(rows.begin(), rows.end(), 0);
+        std::shuffle(rows.begin(), rows.end(), rng);
+        for (int t = 0; shared && t < T; ++t) rows.push_back(t);
+        Dev<int> doff(off), drows(rows);
+        StreamGemmArgs a;
+        a.X = X.p;
+        a.x_scale = xs.p;
+        a.x_rows = drows.p;
+        a.group_offsets = doff.p;
+        a.groups = G;
+        a.M = (int)rows.size();
+        a.N = sh.N;
+        a.K = sh.K;
+        a.Y = Y.p;
+        a.ldy = sh.N;
+        a.max_rows_per_group = T;
+        a.max_active_groups = std::min(E, T) + shared;
+        a.typical_rows_per_group = (T + E - 1) / E;
+        StreamTcTuning tu;
+        if (shared) tu.token_tile = T <= 16 ? 16 : T <= 32 ? 32 : 64;
+        float us[2];
+        for (int pr = 0; pr < 2; ++pr) {
+          tu.probe_tiled = pr;
+          us[pr] = graph_us([&](int i, cudaStream_t s) {
+            const int cp = i % copies;
+            StreamGemmArgs b = a;
+            b.W = W.p + (size_t)cp * wb;
+            b.w_scale = wsc.p + (size_t)cp * (E + 1) * sh.N;
+            CK(gemm_fp8_stream_tc(b, wsp.view(), tu, s));
+          });
+        }
+        const double gb = (double)hit * sh.N * sh.K;
+        printf("%-13s T %4d %-3s hit %2d | row-major %8.2f us %4.0f%% | probe %8.2f us %4.0f%%\n", sh.name, T,
+               shared ? "+sh" : "", hit, us[0], 100 * gb / (us[0] * 1e-6) / kHbm, us[1],
+               100 * gb / (us[1] * 1e-6) / kHbm);
+        fflush(stdout);
+      }
+    }
+  }
+}
+
+// --lt-sweep: the dense decode linears on cuBLASLt (the runtime's path past the
+// streaming kernels' rows): the heuristic's first algorithm against the
+// fastest of its candidates (lt_tune_fp8: a CUDA graph of 20 calls, weights
+// rotated over >= 200 MB), per row count.
+static void lt_sweep(const LtGemm& lt0) {
+  const double kHbm = 3.11e12;
+  const int H = 5120, I = 1536, MMAX = 256;
+  LtGemm lt = lt0;
+  lt.algos = lt_algo_cache_create();
+  Dev<uint8_t> X((size_t)MMAX * H);
+  Dev<float> xs(MMAX), Y((size_t)MMAX * 2 * H);
+  fill_fp8_kernel<<<1024, 256>>>(X.p, X.n, rng());
+  CK(cudaGetLastError());
+  xs.up(std::vector<float>(xs.n, 1.f / 448));
+  Y.zero();
+  cudaStream_t st;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  struct Shape {
+    const char* name;
+    int N, K;
+    bool scaled, accumulate;
+  };
+  const Shape shapes[] = {{"q|k|v (unscaled)", 1792, H, false, false},
+                          {"o_proj (+= Y)", H, I, true, true},
+                          {"shared g|u", 2 * I, H, true, false},
+                          {"shared down", H, I, true, false},
+                          {"g|u (unscaled)", 2 * I, H, false, false},
+                          {"o_proj (unscaled)", H, I, false, false}};
+  printf("\ncuBLASLt: heuristic's first vs fastest candidate, us per call (graph of 20, weights rotated), %% of 3.11 TB/s\n");
+  for (const Shape& sh : shapes) {
+    const size_t wb = (size_t)sh.N * sh.K;
+    const int copies = (int)std::max<size_t>(2, (200u << 20) / wb + 1);
+    Dev<uint8_t> W(wb * copies);
+    Dev<float> wsc(sh.N);
+    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
+    CK(cudaGetLastError());
+    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
+    std::vector<const uint8_t*> Ws;
+    for (int c = 0; c < copies; ++c) Ws.push_back(W.p + (size_t)c * wb);
+    for (int M : {16, 32, 48, 64, 96, 128, 192, 256}) {
+      LtShape s;
+      s.M = M, s.N = sh.N, s.K = sh.K, s.scaled = sh.scaled, s.accumulate = sh.accumulate;
+      LtTuneReport r;
+      const std::string err = lt_tune_fp8(lt, s, Ws.data(), (int)Ws.size(), X.p, Y.p, xs.p, wsc.p, nullptr, st, 20, &r);
+      if (!err.empty()) {
+        printf("%-18s M %4d: %s\n", sh.name, M, err.c_str());
+        continue;
+      }
+      printf("%-18s M %4d: %2d candidates | first %7.2f us %4.0f%% | best #%-2d %7.2f us %4.0f%% | x%.2f\n", sh.name,
+             M, r.candidates, r.first_us, 100 * wb / (r.first_us * 1e-6) / kHbm, r.best, r.best_us,
+             100 * wb / (r.best_us * 1e-6) / kHbm, r.first_us / r.best_us);
+      fflush(stdout);
+    }
+  }
+  CK(cudaStreamDestroy(st));
+  lt_algo_cache_destroy(lt.algos);
+}
+
 int main(int argc, char** argv) {
   uint64_t seed = 1;
-  bool do_bench = false, only_bench = false;
+  bool do_bench = false, only_bench = false, do_lt_sweep = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 10);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
     else if (!strcmp(argv[i], "--sweep")) do_bench = only_bench = g_sweep = true;
+    else if (!strcmp(argv[i], "--lt-sweep")) do_lt_sweep = only_bench = true;
+    else if (!strcmp(argv[i], "--probe")) {
+      bench_probe();
+      return 0;
+    }
     else {
-      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep]\n");
+      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--probe]\n");
       return 2;
     }
   }
@@ -550,7 +693,7 @@ int main(int argc, char** argv) {
     check_all();
     check_invalid();
   }
-  if (do_bench && g_major == 9) {
+  if ((do_bench || do_lt_sweep) && g_major == 9) {
     LtGemm lt;
     if (cublasLtCreate(&lt.handle) != CUBLAS_STATUS_SUCCESS) {
       fprintf(stderr, "cublasLtCreate failed\n");
@@ -558,7 +701,8 @@ int main(int argc, char** argv) {
     }
     lt.workspace_bytes = 32u << 20;
     CK(cudaMalloc(&lt.workspace, lt.workspace_bytes));
-    bench(lt);
+    if (do_bench) bench(lt);
+    if (do_lt_sweep) lt_sweep(lt);
     cublasLtDestroy(lt.handle);
     CK(cudaFree(lt.workspace));
   }
