@@ -47,6 +47,7 @@ namespace {
 constexpr int kSwBK = 128;     // K bytes per stage
 constexpr int kSwWRows = 128;  // weight rows per unit (two consumer warpgroups of 64)
 constexpr int kSwSmemBudget = 200 * 1024;
+constexpr int kSwMaxOffsets = 257;  // group offsets kept in shared memory (groups <= 256)
 
 template <int NT_>
 struct SwapConfig {
@@ -116,7 +117,6 @@ struct SwapLaunch {
   int m_bound;  // bound on the token tiles (the workspace's tile slots)
   float* partials;  // [m_bound * n_wb][splits][NT][128] when splits > 1
   int* counters;    // [m_bound * n_wb], zero between launches, when splits > 1
-  int probe_tiled;
 };
 
 template <class C>
@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
 #if defined(GLMK_HAS_WGMMA)
   constexpr int NT = C::NT;
   extern __shared__ uint8_t smem_raw[];
+  __shared__ int s_offs[kSwMaxOffsets];
   pdl_launch_dependents();
   const uint32_t sbase = (smem_u32(smem_raw) + 1023u) & ~1023u;
   uint8_t* const sgen = smem_raw + (sbase - smem_u32(smem_raw));
@@ -146,9 +147,15 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       prefetch_l2_block_share(a.W + (int64_t)a.prefetch_group * a.N * a.K, (int64_t)a.N * a.K);
     pdl_wait();
   }
+  // The group offsets, read at every unit by both warpgroups, from shared
+  // memory: a unit's first weight stage then waits for no L2 round trip.
+  const bool offs_shared = a.group_offsets && a.groups < kSwMaxOffsets;
+  if (offs_shared)
+    for (int g = tid; g <= a.groups; g += C::THREADS) s_offs[g] = a.group_offsets[g];
+  const int* const offs = offs_shared ? s_offs : a.group_offsets;
   __syncthreads();
 
-  const int items = min(L.m_bound, count_m_tiles<NT>(a.group_offsets, a.groups, a.M));
+  const int items = min(L.m_bound, count_m_tiles<NT>(offs, a.groups, a.M));
   const int S = L.splits;
   const int total = items * L.n_wb * S;
   const int KT = a.K / kSwBK;
@@ -172,7 +179,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     for (int u = blockIdx.x; u < total; u += gridDim.x) {
       int item, wb, s, grp = 0, row0 = 0, rows = 0;
       unit_of(u, item, wb, s);
-      find_m_tile<NT>(a.group_offsets, a.groups, a.M, item, grp, row0, rows);
+      find_m_tile<NT>(offs, a.groups, a.M, item, grp, row0, rows);
       int xr[C::X_PER];
 #pragma unroll
       for (int i = 0; i < C::X_PER; ++i) {
@@ -186,8 +193,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         const uint32_t sw = sbase + stage * C::STAGE_BYTES, full = bar_full + 8 * stage;
         if (tid == 0) {
           mbar_arrive_expect_tx(full, C::W_BYTES);
-          if (L.probe_tiled) tma_load_2d_hint(sw, &wmap, 0, (wrow / kSwWRows * KT + kt) * kSwWRows, full, wpol);
-          else tma_load_2d_hint(sw, &wmap, kt * kSwBK, wrow, full, wpol);
+          tma_load_2d_hint(sw, &wmap, kt * kSwBK, wrow, full, wpol);
         }
 #pragma unroll
         for (int i = 0; i < C::X_PER; ++i) {
@@ -211,8 +217,38 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     for (int u = blockIdx.x; u < total; u += gridDim.x) {
       int item, wb, s, grp = 0, row0 = 0, rows = 0;
       unit_of(u, item, wb, s);
-      find_m_tile<NT>(a.group_offsets, a.groups, a.M, item, grp, row0, rows);
+      find_m_tile<NT>(offs, a.groups, a.M, item, grp, row0, rows);
       const int kb = (int)((int64_t)s * KT / S), ke = (int)((int64_t)(s + 1) * KT / S);
+      // Accumulator 4j + e: weight row 64 cw + 16 (warp % 4) + g + 8 (e >> 1)
+      // of the block, token 8j + 2 c4 + (e & 1) of the tile.
+      const int wl0 = 64 * cw + 16 * (warp & 3) + g;
+      const int n_base = wb * kSwWRows;
+      const float* wsc = a.w_scale + (int64_t)grp * a.N;
+      const float* bias = a.bias ? a.bias + (int64_t)grp * a.N : nullptr;
+      // The unsplit epilogue's operands are loaded while the unit's K loop
+      // runs (their rows here, the scales after its first stage), not after
+      // it: a consumer in its epilogue frees no stage, so the producer could
+      // issue no weight load for that long (~6 units per CTA for the experts'
+      // down projection). Not with 128-token tiles, whose 64 + 64 accumulator
+      // registers leave no room for 64 more.
+      constexpr bool kPre = NT <= 64;
+      int xrow[NT / 4];
+      float xsv[NT / 4], wsv[2], bv[2];
+      if (kPre && S == 1) {
+#pragma unroll
+        for (int j = 0; j < NT / 8; ++j)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) {
+            const int t = 8 * j + 2 * c4 + b;
+            xrow[2 * j + b] = t < rows ? (a.x_rows ? a.x_rows[row0 + t] : row0 + t) : -1;
+          }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int n = n_base + wl0 + 8 * h;
+          wsv[h] = n < a.N ? wsc[n] : 0.f;
+          bv[h] = bias && n < a.N ? bias[n] : 0.f;
+        }
+      }
       float acc[NT / 2], part[NT / 2];
 #pragma unroll
       for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
@@ -227,6 +263,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         for (int k = 0; k < kSwBK / 32; ++k)
           wgmma_e4m3<NT>(part, wgmma_desc(st + a_off + 32 * k), wgmma_desc(st + C::W_BYTES + 32 * k), k);
         wgmma_commit();
+        if (kPre && S == 1 && kt == kb) {
+#pragma unroll
+          for (int i = 0; i < NT / 4; ++i) xsv[i] = xrow[i] >= 0 ? a.x_scale[xrow[i]] : 0.f;
+        }
         wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < NT / 2; ++i) acc[i] += part[i];
@@ -234,12 +274,6 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         if (lane == 0) mbar_arrive(bar_empty + 8 * stage);
         if (++stage == C::STAGES) stage = 0, phase ^= 1;
       }
-      // Accumulator 4j + e: weight row 64 cw + 16 (warp % 4) + g + 8 (e >> 1)
-      // of the block, token 8j + 2 c4 + (e & 1) of the tile.
-      const int wl0 = 64 * cw + 16 * (warp & 3) + g;
-      const int n_base = wb * kSwWRows;
-      const float* wsc = a.w_scale + (int64_t)grp * a.N;
-      const float* bias = a.bias ? a.bias + (int64_t)grp * a.N : nullptr;
       auto xscale = [&](int t) { return a.x_scale[a.x_rows ? a.x_rows[row0 + t] : row0 + t]; };
       if (S == 1) {
 #pragma unroll
@@ -248,8 +282,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           for (int e = 0; e < 4; ++e) {
             const int t = 8 * j + 2 * c4 + (e & 1), n = n_base + wl0 + 8 * (e >> 1);
             if (t < rows && n < a.N) {
-              float y = acc[4 * j + e] * xscale(t) * wsc[n];
-              if (bias) y += bias[n];
+              float y;
+              if constexpr (kPre) {
+                y = acc[4 * j + e] * xsv[2 * j + (e & 1)] * wsv[e >> 1];
+                if (bias) y += bv[e >> 1];
+              } else {
+                y = acc[4 * j + e] * xscale(t) * wsc[n];
+                if (bias) y += bias[n];
+              }
               a.Y[(int64_t)(row0 + t) * a.ldy + n] = y;
             }
           }
@@ -311,7 +351,7 @@ constexpr int kMaxDevices = 64;
 
 template <class C>
 cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& ws, int splits_req,
-                             int sms, cudaStream_t st, int probe) {
+                             int sms, cudaStream_t st) {
   static std::atomic<bool> ready[kMaxDevices];
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -323,8 +363,7 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
     ready[dev].store(true, std::memory_order_release);
   }
   CUtensorMap map;
-  if (probe && a.N % kSwWRows == 0) e = encode_weight_map(&map, a.W, kSwBK, (int64_t)a.groups * a.N * (a.K / kSwBK), kSwWRows);
-  else e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, kSwWRows);
+  e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, kSwWRows);
   if (e != cudaSuccess) return e;
   // Token tiles: a bound for the workspace and the grid (ceil(M / NT) plus one
   // partial tile per non-empty group), and the count a typical launch has.
@@ -350,7 +389,7 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
   const size_t per_split = (size_t)m_bound * n_wb * C::NT * kSwWRows;
   while (S > 1 && (per_split * S > ws.partial_floats || m_bound * n_wb > ws.n_counters)) --S;
   if (m_bound * n_wb * (int64_t)S > 0x7fffffff) return cudaErrorInvalidValue;
-  SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters, probe && a.N % kSwWRows == 0};
+  SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters};
   const int grid = (int)std::min<int64_t>((int64_t)m_bound * n_wb * S, sms);
   // With a.pdl the CTAs may start while the previous kernel runs (StreamGemmArgs::pdl).
   return launch_kernel(a.pdl != 0, stream_tc_kernel<C>, dim3(grid), dim3(C::THREADS), C::SMEM, st, map, a, L);
@@ -391,10 +430,10 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   if (major != 9) return cudaErrorNotSupported;  // wgmma: sm_90 only
   const int nt = tu.token_tile > 0 ? tu.token_tile : gemm_fp8_stream_tc_token_tile(a);
   switch (nt) {
-    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
-    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
-    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
-    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu.splits, sms, st, tu.probe_tiled);
+    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, sms, st);
+    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu.splits, sms, st);
+    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu.splits, sms, st);
+    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu.splits, sms, st);
   }
 }
 

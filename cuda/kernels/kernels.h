@@ -503,7 +503,6 @@ struct StreamTcWorkspace {
 struct StreamTcTuning {
   int token_tile = 0;  // 16, 32, 64, 128; 0: from max_rows_per_group (dense) or twice typical_rows_per_group
   int splits = 0;      // K splits per tile (1..64); 0: none (every split measured slower on an H200)
-  int probe_tiled = 0; // timing probe only (wrong results): each stage reads 16 contiguous KB
 };
 bool gemm_fp8_stream_tc_supported(int N, int K);
 // The token tile the launch would choose (StreamTcTuning::token_tile 0).

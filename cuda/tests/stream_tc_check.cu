@@ -1,7 +1,7 @@
 // stream_tc_check — correctness and speed of gemm_fp8_stream_tc (gemm_stream_tc.cu),
 // the tensor-core weight-streaming FP8 GEMM for decode-sized batches.
 //
-//   stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep]
+//   stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts]
 //
 // Correctness (sm_90 only; elsewhere every launch must return
 // cudaErrorNotSupported): random FP8 inputs (any finite E4M3 code), a float64
@@ -30,6 +30,9 @@
 // gemm_fp8_stream's row-tiled grouped form. Microseconds per call (20 calls per
 // CUDA graph, median of replays), weights rotated over copies (>= 200 MB) so L2
 // never holds them; % = weight bytes read / time / 4.46 TB/s.
+// --lt-sweep: cuBLASLt's candidates for the dense decode linears (lt_sweep).
+// --experts: the routed experts with and without the shared expert's group
+// (bench_experts), nothing else.
 #include <numeric>
 
 #include "kernels.h"
@@ -526,11 +529,10 @@ static void bench(const LtGemm& lt) {
   }
 }
 
-// --probe: the routed experts (with and without the shared expert as a 21st
-// group of every token's row, as the runtime runs 9-64 rows) with the weights
-// read row-major (the layout the runtime has) and, as a timing probe only,
-// each pipeline stage reading 16 contiguous KB (a pre-tiled layout).
-static void bench_probe() {
+// --experts: the routed experts' GEMMs as the runtime runs them past 8 rows,
+// with the shared expert as a 21st group of every token's row up to 64 rows
+// (its token tile then holds all of them), weights rotated over >= 400 MB.
+static void bench_experts() {
   const double kHbm = 3.11e12;
   const int H = 5120, I = 1536, E = 20, MMAX = 512;
   Dev<uint8_t> X((size_t)MMAX * H);
@@ -540,7 +542,7 @@ static void bench_probe() {
   xs.up(std::vector<float>(xs.n, 1.f / 448));
   Workspace wsp(16u << 20, 1 << 16);
   auto graph_us = [&](auto launch) { return 1e3 * graph_replay_ms(launch, 20, 20, 3, 3) / 20; };
-  printf("\nprobe: experts, us per call; %% of 3.11 TB/s on the weights of the groups hit; probe = 16 contiguous KB per stage\n");
+  printf("\nexperts: us per call (20 per CUDA graph); %% of 3.11 TB/s (an H100) on the weights of the groups hit\n");
   struct Shape { const char* name; int N, K; };
   const Shape moe[] = {{"experts g|u", 2 * I, H}, {"experts down", H, I}};
   for (const Shape& sh : moe) {
@@ -585,21 +587,16 @@ static void bench_probe() {
         a.typical_rows_per_group = (T + E - 1) / E;
         StreamTcTuning tu;
         if (shared) tu.token_tile = T <= 16 ? 16 : T <= 32 ? 32 : 64;
-        float us[2];
-        for (int pr = 0; pr < 2; ++pr) {
-          tu.probe_tiled = pr;
-          us[pr] = graph_us([&](int i, cudaStream_t s) {
-            const int cp = i % copies;
-            StreamGemmArgs b = a;
-            b.W = W.p + (size_t)cp * wb;
-            b.w_scale = wsc.p + (size_t)cp * (E + 1) * sh.N;
-            CK(gemm_fp8_stream_tc(b, wsp.view(), tu, s));
-          });
-        }
+        const float us = graph_us([&](int i, cudaStream_t s) {
+          const int cp = i % copies;
+          StreamGemmArgs b = a;
+          b.W = W.p + (size_t)cp * wb;
+          b.w_scale = wsc.p + (size_t)cp * (E + 1) * sh.N;
+          CK(gemm_fp8_stream_tc(b, wsp.view(), tu, s));
+        });
         const double gb = (double)hit * sh.N * sh.K;
-        printf("%-13s T %4d %-3s hit %2d | row-major %8.2f us %4.0f%% | probe %8.2f us %4.0f%%\n", sh.name, T,
-               shared ? "+sh" : "", hit, us[0], 100 * gb / (us[0] * 1e-6) / kHbm, us[1],
-               100 * gb / (us[1] * 1e-6) / kHbm);
+        printf("%-13s T %4d %-3s hit %2d | %8.2f us %4.0f%%\n", sh.name, T, shared ? "+sh" : "", hit, us,
+               100 * gb / (us * 1e-6) / kHbm);
         fflush(stdout);
       }
     }
@@ -673,12 +670,12 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
     else if (!strcmp(argv[i], "--sweep")) do_bench = only_bench = g_sweep = true;
     else if (!strcmp(argv[i], "--lt-sweep")) do_lt_sweep = only_bench = true;
-    else if (!strcmp(argv[i], "--probe")) {
-      bench_probe();
+    else if (!strcmp(argv[i], "--experts")) {
+      bench_experts();
       return 0;
     }
     else {
-      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--probe]\n");
+      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts]\n");
       return 2;
     }
   }
