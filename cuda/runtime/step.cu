@@ -563,6 +563,11 @@ constexpr int kGroupedTcMinRows = 32;
 // 6.2 / 6.5 / 7.8. Not measured beyond (prefill keeps the scaled path).
 constexpr int kLtDeferMaxRows = 256;
 
+// Rows a step needs (Meta::policy_rows) for the routed experts' down
+// projection to take the tensor-core streaming kernel without the shared
+// expert among its groups (see mlp_block).
+constexpr int kDownStreamTcMinRows = 192;
+
 // Xf set: exactness-check path (FP32 activations).
 // P: the rows the launch shape is chosen for (Meta::policy_rows, >= M).
 // epilogue_deferred: when set and the cuBLASLt path would follow its GEMM with
@@ -1047,8 +1052,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // tensor-core streaming kernel, whose 16/32-row token tiles hold an
   // expert's rows in one pass. On an H200 (stream_tc_check --bench, 20 rank
   // experts, top-1) it ran gate|up at 80-84% of HBM from 16 to 128 tokens
-  // (gemm_fp8_stream 69-77%) and 77% at 256 (67%); the down projection
-  // (K 1536) was no faster and stays on the streaming kernel.
+  // (gemm_fp8_stream 69-77%) and 77% at 256 (67%); down below.
   const bool stream_tc_gu = experts_stream_tc(e, m);
   glmk::StreamTcTuning stc;
   stc.token_tile = shared_group_token_tile(e, m);
@@ -1113,10 +1117,15 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   dn.Y = y16 ? nullptr : r.ysort;
   dn.ldy = d.H;
   if (grouped_tc) dn.M = T * d.slots;
-  // With the shared expert among the groups, down streams through the
-  // tensor-core kernel too, in the same token tiles (on its own it is no
-  // faster than gemm_fp8_stream there, but a tile holds the shared group).
-  if (stc.token_tile > 0) {
+  // Down streams through the tensor-core kernel too when the shared expert is
+  // among the groups (the same token tiles) and from kDownStreamTcMinRows rows.
+  // Once its epilogue stopped holding back the weight stream it became the
+  // faster kernel there (stream_tc_check --experts on an H100, 2026-11-27: 256
+  // tokens 69.6 -> 62.4 us, 73% -> 81% of 3.11 TB/s); in the step (A/B on one
+  // H100, 2k context) batch 256 33.25 -> 32.65 ms and 192 30.25 -> 30.1, but
+  // 160 29.1 / 29.2 against 29.1 / 29.3, 128 26.6 -> 26.85 and 96 25.25 -> 25.4,
+  // so below 192 gemm_fp8_stream stays.
+  if (stc.token_tile > 0 || (stream_tc_gu && m.policy_rows >= kDownStreamTcMinRows)) {
     glmk::StreamGemmArgs dt = dn;
     dt.M = T * d.slots;
     dt.typical_rows_per_group = typical;
