@@ -11,7 +11,12 @@ scale_b [1, N] FP32, as gemm_fp8_grouped_tc's x_scale / w_scale):
               captured in a CUDA graph (no Python launch gaps), the experts' weights
               rotating over copies (>= 200 MB in all, so L2 never holds them);
   dense       one _scaled_mm of [M, K] x [K, N] (one weight matrix: the upper bound a
-              grouped kernel could reach with every row in one group).
+              grouped kernel could reach with every row in one group; at decode sizes
+              the shared expert's dense GEMM), the 20 experts' matrices in turn in a
+              CUDA graph so that L2 does not hold the weights.
+
+--ms 16,64,128,256 gives decode-sized rows (the runtime's tensor-core streaming GEMMs,
+`stream_tc_check --experts`, and the shared expert past 64 rows).
 
 Timed with CUDA events, median of N graph replays. FLOPs 2 * M * N * K (as grouped_check
 counts them). Output dtype FP32 when _scaled_mm takes it with row-wise scales, else BF16
@@ -19,7 +24,7 @@ counts them). Output dtype FP32 when _scaled_mm takes it with row-wise scales, e
 
     gemm  M  per_expert_ms  TFLOP/s  dense_ms  TFLOP/s  out
 
-    python3 scripts/peer_grouped_gemm.py [--reps N] [--json OUT]
+    python3 scripts/peer_grouped_gemm.py [--reps N] [--ms M,M,...] [--json OUT]
 """
 import argparse
 import json
@@ -71,20 +76,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
+    ap.add_argument("--ms", help="comma-separated row counts (default: %s)" % ",".join(map(str, MS)))
     args = ap.parse_args()
+    ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
     dev = "cuda"
     torch.manual_seed(0)
     out_dtype = pick_out_dtype(dev)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, out {out_dtype}")
     print(f"{'gemm':8s} {'M':>6s} | {'expert ms':>9s} {'TFLOP/s':>8s} | {'dense ms':>9s} {'TFLOP/s':>8s}")
     rows = []
-    x_all = rand_fp8((max(MS) + 16 * E, max(k for _, _, k in SHAPES)), dev)
+    x_all = rand_fp8((max(ms) + 16 * E, max(k for _, _, k in SHAPES)), dev)
     for name, N, K in SHAPES:
         wbytes = E * N * K
         copies = max(1, int(-(-ROTATE_BYTES // wbytes)))
         W = [rand_fp8((E, N, K), dev) for _ in range(copies)]
         ws = torch.full((1, N), 1 / 448, device=dev)
-        for M in MS:
+        for M in ms:
             counts = torch.bincount(torch.randint(0, E, (M,)), minlength=E).tolist()
             # cuBLASLt's row-wise-scaled FP8 GEMM refuses row counts that are not
             # multiples of 16: each expert's rows are padded up to one (at most 15
@@ -116,10 +123,20 @@ def main():
             pe_ms = median_ms(g.replay, args.reps) / copies
             del g
 
-            Wd = W[0][0]
-            dense_ms = median_ms(
-                lambda: torch._scaled_mm(X[:M], Wd.t(), scale_a=xs[:M], scale_b=ws, out_dtype=out_dtype),
-                args.reps)
+            def dense():
+                for e in range(E):
+                    torch._scaled_mm(X[:M], W[0][e].t(), scale_a=xs[:M], scale_b=ws, out_dtype=out_dtype)
+
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                dense()
+            torch.cuda.current_stream().wait_stream(s)
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                dense()
+            dense_ms = median_ms(g.replay, args.reps) / E
+            del g
             flop = 2.0 * M * N * K
             r = {"gemm": name, "M": M, "per_expert_ms": pe_ms, "per_expert_tflops": flop / pe_ms / 1e9,
                  "dense_ms": dense_ms, "dense_tflops": flop / dense_ms / 1e9, "out": str(out_dtype)}
