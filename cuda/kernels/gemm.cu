@@ -1065,16 +1065,6 @@ std::string lt_gemm_fp8_scaled(const LtGemm& lt, const uint8_t* W, const uint8_t
   return lt_call(lt, s, -1, true, W, X, Y, x_scale, w_scale, bias, st, unsupported, nullptr, nullptr);
 }
 
-std::string lt_gemm_fp8_pick(const LtGemm& lt, const LtShape& s, int pick, const uint8_t* W,
-                             const uint8_t* X, float* Y, const float* x_scale, const float* w_scale,
-                             const float* bias, cudaStream_t st) {
-  bool unsupported = false;
-  std::string err = lt_call(lt, s, pick < 0 ? 0 : pick, true, W, X, Y, x_scale, w_scale, bias, st,
-                            &unsupported, nullptr, nullptr);
-  if (err.empty() && unsupported) err = "cuBLASLt: no such FP8 algorithm for this shape";
-  return err;
-}
-
 std::string lt_tune_fp8(const LtGemm& lt, const LtShape& s, const uint8_t* const* Ws, int nW,
                         const uint8_t* X, float* Y, const float* x_scale, const float* w_scale,
                         const float* bias, cudaStream_t st, int reps, LtTuneReport* rep) {

@@ -515,8 +515,6 @@ cudaError_t gemm_fp8_epilogue(const float* ws, int ksplit, int M, int N, const f
                               const float* w_scale, const float* bias, float* Y, int64_t ldy,
                               cudaStream_t st);
 
-// cuBLASLt FP8 GEMM for many rows: D[M,N] (FP32, row-major) = Xq[M,K] * W[N,K]^T
-// with unit scales; the caller applies gemm_fp8_epilogue (ksplit = 1).
 struct LtAlgoCache;  // gemm.cu: the algorithm lt_tune_fp8 chose per call shape
 struct LtGemm {
   cublasLtHandle_t handle = nullptr;
@@ -536,11 +534,6 @@ struct LtShape {
 LtAlgoCache* lt_algo_cache_create();
 void lt_algo_cache_destroy(LtAlgoCache* c);
 constexpr int kLtMaxCandidates = 16;  // candidates of cuBLASLt's heuristic tried per shape
-// Runs shape s with candidate `pick` of cuBLASLt's heuristic (0: its first):
-// for the benches. Buffers as for lt_gemm_fp8(_scaled).
-std::string lt_gemm_fp8_pick(const LtGemm& lt, const LtShape& s, int pick, const uint8_t* W,
-                             const uint8_t* X, float* Y, const float* x_scale, const float* w_scale,
-                             const float* bias, cudaStream_t st);
 struct LtTuneReport {
   int candidates = 0;  // the heuristic's candidates
   int best = -1;       // the one chosen (-1: none ran)
@@ -555,7 +548,10 @@ struct LtTuneReport {
 std::string lt_tune_fp8(const LtGemm& lt, const LtShape& s, const uint8_t* const* Ws, int nW,
                         const uint8_t* X, float* Y, const float* x_scale, const float* w_scale,
                         const float* bias, cudaStream_t st, int reps, LtTuneReport* report);
-// Returns "" on success, otherwise a description naming the failed call.
+// cuBLASLt FP8 GEMM for many rows: D[M,N] (FP32, row-major) = Xq[M,K] * W[N,K]^T
+// with unit scales; the caller applies gemm_fp8_epilogue (ksplit = 1) or the
+// scales as it reads D. Returns "" on success, otherwise a description naming
+// the failed call.
 std::string lt_gemm_fp8(const LtGemm& lt, const uint8_t* W, const uint8_t* X, float* D, int M,
                         int N, int K, cudaStream_t st);
 // The same with the scales (and bias) applied inside cuBLASLt, so no epilogue
