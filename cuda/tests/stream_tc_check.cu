@@ -348,6 +348,48 @@ static __global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
   }
 }
 
+// T tokens routed top-1 over E groups (multinomial): the group offsets, the
+// token of each grouped row (a permutation) and the groups hit; with shared,
+// one more group of every token's row (the shared expert), counted as hit.
+struct RoutedRows {
+  std::vector<int> off, rows;
+  int hit = 0;
+};
+static RoutedRows route_rows(int T, int E, bool shared) {
+  std::vector<int> cnt(E, 0);
+  for (int r = 0; r < T; ++r) ++cnt[randi(0, E - 1)];
+  RoutedRows rt;
+  rt.off.assign(E + 1 + (shared ? 1 : 0), 0);
+  rt.hit = shared ? 1 : 0;
+  for (int e = 0; e < E; ++e) {
+    rt.off[e + 1] = rt.off[e] + cnt[e];
+    rt.hit += cnt[e] > 0;
+  }
+  if (shared) rt.off[E + 1] = rt.off[E] + T;
+  rt.rows.resize(T);
+  std::iota(rt.rows.begin(), rt.rows.end(), 0);
+  std::shuffle(rt.rows.begin(), rt.rows.end(), rng);
+  for (int t = 0; shared && t < T; ++t) rt.rows.push_back(t);
+  return rt;
+}
+
+// A grouped launch's arguments: rows x_rows of X grouped by offs, Y [M][N].
+static StreamGemmArgs grouped_args(const uint8_t* X, const float* xs, const int* x_rows, const int* offs,
+                                   int groups, int M, int N, int K, float* Y) {
+  StreamGemmArgs a;
+  a.X = X;
+  a.x_scale = xs;
+  a.x_rows = x_rows;
+  a.group_offsets = offs;
+  a.groups = groups;
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.Y = Y;
+  a.ldy = N;
+  return a;
+}
+
 static void bench(const LtGemm& lt) {
   const double kHbm = 4.46e12;
   const int H = 5120, I = 1536, E = 20, MMAX = 2048;
@@ -449,29 +491,10 @@ static void bench(const LtGemm& lt) {
     CK(cudaGetLastError());
     wsc.up(std::vector<float>(wsc.n, 1.f / 448));
     for (int T : {16, 64, 128, 256, 1024, 2048}) {
-      std::vector<int> cnt(E, 0);
-      for (int r = 0; r < T; ++r) ++cnt[randi(0, E - 1)];
-      std::vector<int> off(E + 1, 0);
-      int hit = 0;
-      for (int e = 0; e < E; ++e) {
-        off[e + 1] = off[e] + cnt[e];
-        hit += cnt[e] > 0;
-      }
-      std::vector<int> rows(T);
-      std::iota(rows.begin(), rows.end(), 0);
-      std::shuffle(rows.begin(), rows.end(), rng);
-      Dev<int> doff(off), drows(rows);
-      StreamGemmArgs a;
-      a.X = X.p;
-      a.x_scale = xs.p;
-      a.x_rows = drows.p;
-      a.group_offsets = doff.p;
-      a.groups = E;
-      a.M = T;
-      a.N = sh.N;
-      a.K = sh.K;
-      a.Y = Y.p;
-      a.ldy = sh.N;
+      const RoutedRows rt = route_rows(T, E, false);
+      const int hit = rt.hit;
+      Dev<int> doff(rt.off), drows(rt.rows);
+      StreamGemmArgs a = grouped_args(X.p, xs.p, drows.p, doff.p, E, T, sh.N, sh.K, Y.p);
       // As the runtime passes them (step.cu, mlp_block).
       a.max_rows_per_group = T;
       a.max_active_groups = std::min(E, T);
@@ -556,32 +579,12 @@ static void bench_experts() {
     for (int T : {16, 64, 128, 256}) {
       for (int shared = 0; shared < 2; ++shared) {
         if (shared && T > 64) continue;
-        std::vector<int> cnt(E, 0);
-        for (int r = 0; r < T; ++r) ++cnt[randi(0, E - 1)];
         const int G = E + shared;
-        std::vector<int> off(G + 1, 0);
-        int hit = shared;
-        for (int e = 0; e < E; ++e) {
-          off[e + 1] = off[e] + cnt[e];
-          hit += cnt[e] > 0;
-        }
-        if (shared) off[E + 1] = off[E] + T;
-        std::vector<int> rows(T);
-        std::iota(rows.begin(), rows.end(), 0);
-        std::shuffle(rows.begin(), rows.end(), rng);
-        for (int t = 0; shared && t < T; ++t) rows.push_back(t);
-        Dev<int> doff(off), drows(rows);
-        StreamGemmArgs a;
-        a.X = X.p;
-        a.x_scale = xs.p;
-        a.x_rows = drows.p;
-        a.group_offsets = doff.p;
-        a.groups = G;
-        a.M = (int)rows.size();
-        a.N = sh.N;
-        a.K = sh.K;
-        a.Y = Y.p;
-        a.ldy = sh.N;
+        const RoutedRows rt = route_rows(T, E, shared != 0);
+        const int hit = rt.hit;
+        const std::vector<int>& rows = rt.rows;
+        Dev<int> doff(rt.off), drows(rt.rows);
+        StreamGemmArgs a = grouped_args(X.p, xs.p, drows.p, doff.p, G, (int)rows.size(), sh.N, sh.K, Y.p);
         a.max_rows_per_group = T;
         a.max_active_groups = std::min(E, T) + shared;
         a.typical_rows_per_group = (T + E - 1) / E;
