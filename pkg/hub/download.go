@@ -867,7 +867,11 @@ func (d *downloader) fetchAll(ctx context.Context, jobs []*job) error {
 }
 
 // forEach runs fn on items with at most n at once; it stops handing out
-// items when ctx is done or fn fails, and returns the first failure.
+// items when ctx is done or fn fails, and returns the first failure. No item
+// starts once ctx is done: the feeder's select may still hand one over after
+// the cancel (both of its cases ready, Go picks either), and a worker skips it
+// (a zero-byte file, which needs no request, was otherwise still written after
+// a refused token had stopped the download).
 func forEach[T any](ctx context.Context, n int, items []T, fn func(context.Context, T) error) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -878,6 +882,9 @@ func forEach[T any](ctx context.Context, n int, items []T, fn func(context.Conte
 		go func() {
 			defer wg.Done()
 			for it := range ch {
+				if ctx.Err() != nil {
+					continue
+				}
 				if err := fn(ctx, it); err != nil {
 					cancel(err)
 				}

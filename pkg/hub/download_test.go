@@ -1097,3 +1097,27 @@ func (s *syncBuffer) String() string {
 func newTextLogger(w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// After a failure cancels the context, forEach starts no further item, even
+// one its feeder hands over in the same instant (the select between sending
+// and ctx.Done picks either at random, so 200 rounds see that case ~100 times).
+func TestForEachStartsNothingAfterCancel(t *testing.T) {
+	for round := 0; round < 200; round++ {
+		ctx, cancel := context.WithCancelCause(context.Background())
+		var ran []int
+		var mu sync.Mutex
+		_ = forEach(ctx, 1, []int{0, 1, 2}, func(ctx context.Context, i int) error {
+			mu.Lock()
+			ran = append(ran, i)
+			mu.Unlock()
+			if i == 0 {
+				cancel(errors.New("fatal"))
+			}
+			return nil
+		})
+		cancel(nil)
+		if len(ran) != 1 || ran[0] != 0 {
+			t.Fatalf("round %d: items run %v after the first cancelled the context, want [0]", round, ran)
+		}
+	}
+}
