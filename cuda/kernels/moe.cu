@@ -29,18 +29,15 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 }
 
 // Router selection of token t by one warp (all lanes): lg(e) returns the FP32
-// logit of expert e (only called for e < E), bias_of(e) its selection bias.
-// Rows t >= n_valid (*a.n_valid unless given) get ids -1 and weight 0 in every
-// slot. EPL: experts per lane the loops cover (E <= 32 * EPL); a smaller EPL
-// only drops loop iterations that have no expert, the arithmetic and its order
-// are the same for every EPL.
-template <int EPL, typename Logit, typename Bias>
-__device__ __forceinline__ void route_token(const RouterArgs& a, int t, Logit lg, Bias bias_of,
-                                            int n_valid = -1) {
+// logit of expert e (only called for e < E). Rows t >= *n_valid get ids -1 and
+// weight 0 in every slot. EPL: experts per lane the loops cover (E <= 32 * EPL);
+// a smaller EPL only drops loop iterations that have no expert, the arithmetic
+// and its order are the same for every EPL.
+template <int EPL, typename Logit>
+__device__ __forceinline__ void route_token(const RouterArgs& a, int t, Logit lg) {
   const int lane = threadIdx.x & 31;
   const int slots = a.slots > 0 ? a.slots : a.top_k + (a.shared_local >= 0 ? 1 : 0);
-  if (n_valid < 0 && a.n_valid) n_valid = *a.n_valid;
-  if (n_valid >= 0 && t >= n_valid) {
+  if (a.n_valid && t >= *a.n_valid) {
     for (int j = lane; j < slots; j += 32) {
       a.ids[(int64_t)t * slots + j] = -1;
       a.w[(int64_t)t * slots + j] = 0.f;
@@ -57,7 +54,7 @@ __device__ __forceinline__ void route_token(const RouterArgs& a, int t, Logit lg
     sel[j] = -INFINITY;
     if (e < a.E) {
       sc[j] = 1.0f / (1.0f + expf(-lg(e)));
-      sel[j] = sc[j] + bias_of(e);
+      sel[j] = sc[j] + a.bias[e];
     }
   }
   if (a.n_group > 1) {
@@ -149,7 +146,7 @@ __global__ void router_kernel(RouterArgs a) {
   const int t = blockIdx.x * kRouterWarps + (threadIdx.x >> 5);
   if (t >= a.T) return;
   const float* lg = a.logits + (int64_t)t * a.E;
-  route_token<EPL>(a, t, [&](int e) { return lg[e]; }, [&](int e) { return a.bias[e]; });
+  route_token<EPL>(a, t, [&](int e) { return lg[e]; });
 }
 
 // Experts per lane of the router loops: 1 (E <= 32), 5 (E <= 160), 16 (E <= 512).
@@ -440,7 +437,6 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
   __shared__ float s_red[kRfThreads / 32][N];
   __shared__ float s_lg[kRfMaxRM * 32 * kMaxExpertsPerLane];
   __shared__ int s_cnt[kMaxGroups], s_cur[kMaxGroups];
-  __shared__ float s_bias[32 * EPL];
   __shared__ int s_last;
   const RouterArgs& r = a.sel;
   const int T = r.T, E = r.E, H = a.H;
@@ -458,9 +454,6 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
   }
   const int t0 = tt * RM;
   const int tn = nv - t0 < RM ? nv - t0 : RM;  // live tokens of this tile (<= 0: none)
-  // The selection biases, for whichever CTA selects: loaded now, read after
-  // the logits (not a dependent L2 round trip on the selecting CTA's path).
-  for (int e = tid; e < E && e < 32 * EPL; e += kRfThreads) s_bias[e] = r.bias[e];
 
   // ---- phase 1: partial logits of the tile
   if (tn > 0) {
@@ -541,7 +534,7 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
     const int t = t0 + m;
     if (t >= T) break;
     const float* lg = s_lg + m * E;
-    route_token<EPL>(r, t, [&](int e) { return lg[e]; }, [&](int e) { return s_bias[e]; }, nv);
+    route_token<EPL>(r, t, [&](int e) { return lg[e]; });
   }
   __threadfence();
   __syncthreads();

@@ -246,12 +246,16 @@ cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint
   return cudaGetLastError();
 }
 
-bool silu_mul_quant_bf16_supported(int inter) {
+// Whether rows of `inter` columns fit the SiLU's vector forms instantiated for
+// BF16 and scaled rows (one to four float4 per thread; no scalar fallback).
+static bool silu_vec4_fits(int inter) {
   int threads = 0;
   if (inter <= 0 || inter % 4 != 0) return false;
   const int nv = vec_shape(inter / 4, &threads);
   return nv >= 1 && nv <= 4;
 }
+
+bool silu_mul_quant_bf16_supported(int inter) { return silu_vec4_fits(inter); }
 
 cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st) {
@@ -297,10 +301,7 @@ cudaError_t silu_mul_quant_fp8_scaled(const float* gu, int rows, int inter, cons
 }
 
 bool silu_mul_quant_fp8_scaled_supported(int inter, const float* w_scale) {
-  int threads = 0;
-  if (inter <= 0 || inter % 4 != 0 || (uintptr_t)w_scale % 16 != 0) return false;
-  const int nv = vec_shape(inter / 4, &threads);
-  return nv >= 1 && nv <= 4;
+  return (uintptr_t)w_scale % 16 == 0 && silu_vec4_fits(inter);
 }
 
 cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q, float* scale,
