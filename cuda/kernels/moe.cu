@@ -3,6 +3,8 @@
 // renormalise, scale), the token-by-expert sort that feeds the grouped
 // streaming FP8 GEMMs (gemm.cu), and the weighted combine that folds the
 // routed experts and the shared expert (the last slot, weight 1) together.
+#include <atomic>
+
 #include "common.cuh"
 
 namespace glmk {
@@ -326,6 +328,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(
 //   Phase 3 (the last token tile, by a second counter): align_block over all
 //     ids. Each counter is reset by the CTA that saw it complete, so the next
 //     launch (or graph replay) starts from zero.
+// Two forms: the last-CTA form (phases as above) and, by default on sm_90, the
+// cluster form (router_fused_cluster_kernel below), whose phase-2 hand-off
+// goes through distributed shared memory instead of the workspace. The
+// workspace hand-offs (partials written, fence, counter, read back) cost more
+// than the arithmetic after them (docs/perf.md: 3.4 of 8.1 us at T = 1 with
+// E = 20 on an H100).
 constexpr int kRfThreads = 256;
 constexpr int kRfRN = 4;      // experts per warp tile
 constexpr int kRfMaxKs = 32;  // K splits over CTAs
@@ -430,6 +438,73 @@ __device__ __forceinline__ void rf_sum_partials(const float* p, int64_t stride, 
   }
 }
 
+// Phase 1 of both forms: the partial logits of one CTA's token tile (t0, tn
+// live tokens), expert tile et and K chunk ks. out(m, j, v) receives token
+// t0 + m's logit of expert et * WN * 4 + j over the chunk, for m < tn and
+// experts < E only. Shared by the two kernels so that their partials (and so
+// their logits) are the same bits.
+template <int RM, typename Out>
+__device__ __forceinline__ void rf_tile_partials(const RouterFusedArgs& a, const RfShape& sh, int t0,
+                                                 int tn, int et, int ks,
+                                                 float (*s_red)[RM * kRfRN], Out out) {
+  constexpr int N = RM * kRfRN;
+  const int T = a.sel.T, E = a.sel.E, H = a.H;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wn = warp % sh.WN, wk = warp / sh.WN;
+  if (wk < sh.WK) {
+    float acc[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) acc[i] = 0.f;
+    const int e0 = (et * sh.WN + wn) * kRfRN;
+    const int kb = (ks * sh.WK + wk) * sh.kw;
+    const int ke = kb + sh.kw < H ? kb + sh.kw : H;
+    const float* xr[RM];
+    const float* wr[kRfRN];
+#pragma unroll
+    for (int m = 0; m < RM; ++m) xr[m] = a.x + (int64_t)(t0 + m < T ? t0 + m : T - 1) * H;
+#pragma unroll
+    for (int n = 0; n < kRfRN; ++n) wr[n] = a.W + (int64_t)(e0 + n < E ? e0 + n : E - 1) * H;
+    // One token tile reads the weights once: evict them first. Several
+    // tiles share them through L2.
+    const uint64_t wpol = sh.n_tt <= 1 ? l2_policy_stream() : l2_policy_normal();
+    constexpr int kUnroll = RM <= 4 ? 2 : 1;
+#pragma unroll kUnroll
+    for (int k = kb + lane * 4; k < ke; k += 128) {
+      float4 wv[kRfRN], xv[RM];
+#pragma unroll
+      for (int n = 0; n < kRfRN; ++n) wv[n] = ld_nc_na_f4(wr[n] + k, wpol);
+#pragma unroll
+      for (int m = 0; m < RM; ++m) xv[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + k));
+#pragma unroll
+      for (int m = 0; m < RM; ++m)
+#pragma unroll
+        for (int n = 0; n < kRfRN; ++n) {
+          float s = acc[m * kRfRN + n];
+          s = fmaf(xv[m].x, wv[n].x, s);
+          s = fmaf(xv[m].y, wv[n].y, s);
+          s = fmaf(xv[m].z, wv[n].z, s);
+          s = fmaf(xv[m].w, wv[n].w, s);
+          acc[m * kRfRN + n] = s;
+        }
+    }
+    const float tot = warp_transpose_sum<N>(acc);
+    constexpr int kShift = 5 - Log2<N>::value;
+    if ((lane & ((1 << kShift) - 1)) == 0) s_red[warp][lane >> kShift] = tot;
+  }
+  __syncthreads();
+  // Tile outputs: WN x N values, summed over the WK warps along K in order.
+  if (tid < sh.WN * N) {
+    const int wn = tid / N, idx = tid % N;
+    const int m = idx / kRfRN, n = idx % kRfRN;
+    const int j = wn * kRfRN + n;
+    float sum = s_red[wn][idx];
+    for (int wk = 1; wk < sh.WK; ++wk) sum += s_red[wk * sh.WN + wn][idx];
+    if (m < tn && et * sh.WN * kRfRN + j < E) out(m, j, sum);
+  }
+}
+
+// The last-CTA form: partials through the global workspace, two counters
+// (phases 2 and 3 above). The fallback where a cluster cannot be launched.
 template <int RM, int EPL>
 __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFusedArgs a, RfShape sh) {
   pdl_launch_dependents();
@@ -439,8 +514,8 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
   __shared__ int s_cnt[kMaxGroups], s_cur[kMaxGroups];
   __shared__ int s_last;
   const RouterArgs& r = a.sel;
-  const int T = r.T, E = r.E, H = a.H;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int T = r.T, E = r.E;
+  const int tid = threadIdx.x, warp = tid >> 5;
   int* done_cnt = static_cast<int*>(a.workspace);
   int* tile_cnt = done_cnt + 1;
   float* part = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kRfHeaderBytes);
@@ -457,57 +532,10 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
 
   // ---- phase 1: partial logits of the tile
   if (tn > 0) {
-    const int wn = warp % sh.WN, wk = warp / sh.WN;
-    if (wk < sh.WK) {
-      float acc[N];
-#pragma unroll
-      for (int i = 0; i < N; ++i) acc[i] = 0.f;
-      const int e0 = (et * sh.WN + wn) * kRfRN;
-      const int kb = (ks * sh.WK + wk) * sh.kw;
-      const int ke = kb + sh.kw < H ? kb + sh.kw : H;
-      const float* xr[RM];
-      const float* wr[kRfRN];
-#pragma unroll
-      for (int m = 0; m < RM; ++m) xr[m] = a.x + (int64_t)(t0 + m < T ? t0 + m : T - 1) * H;
-#pragma unroll
-      for (int n = 0; n < kRfRN; ++n) wr[n] = a.W + (int64_t)(e0 + n < E ? e0 + n : E - 1) * H;
-      // One token tile reads the weights once: evict them first. Several
-      // tiles share them through L2.
-      const uint64_t wpol = sh.n_tt <= 1 ? l2_policy_stream() : l2_policy_normal();
-      constexpr int kUnroll = RM <= 4 ? 2 : 1;
-#pragma unroll kUnroll
-      for (int k = kb + lane * 4; k < ke; k += 128) {
-        float4 wv[kRfRN], xv[RM];
-#pragma unroll
-        for (int n = 0; n < kRfRN; ++n) wv[n] = ld_nc_na_f4(wr[n] + k, wpol);
-#pragma unroll
-        for (int m = 0; m < RM; ++m) xv[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + k));
-#pragma unroll
-        for (int m = 0; m < RM; ++m)
-#pragma unroll
-          for (int n = 0; n < kRfRN; ++n) {
-            float s = acc[m * kRfRN + n];
-            s = fmaf(xv[m].x, wv[n].x, s);
-            s = fmaf(xv[m].y, wv[n].y, s);
-            s = fmaf(xv[m].z, wv[n].z, s);
-            s = fmaf(xv[m].w, wv[n].w, s);
-            acc[m * kRfRN + n] = s;
-          }
-      }
-      const float tot = warp_transpose_sum<N>(acc);
-      constexpr int kShift = 5 - Log2<N>::value;
-      if ((lane & ((1 << kShift) - 1)) == 0) s_red[warp][lane >> kShift] = tot;
-    }
-    __syncthreads();
-    // Tile outputs: WN x N values, summed over the WK warps along K in order.
-    if (tid < sh.WN * N) {
-      const int wn = tid / N, idx = tid % N;
-      const int m = idx / kRfRN, n = idx % kRfRN;
-      const int t = t0 + m, e = (et * sh.WN + wn) * kRfRN + n;
-      float sum = s_red[wn][idx];
-      for (int wk = 1; wk < sh.WK; ++wk) sum += s_red[wk * sh.WN + wn][idx];
-      if (m < tn && e < E) part[((int64_t)ks * T + t) * E + e] = sum;
-    }
+    const int e_base = et * sh.WN * kRfRN;
+    rf_tile_partials<RM>(a, sh, t0, tn, et, ks, s_red, [&](int m, int j, float v) {
+      part[((int64_t)ks * T + t0 + m) * E + e_base + j] = v;
+    });
   }
   __threadfence();
   __syncthreads();
@@ -553,6 +581,175 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
                     s_cur);
 }
 
+// ---------------------------------------------------- fused router, cluster form
+// The same three phases with the first hand-off inside a thread-block cluster
+// (sm_90): the n_et * n_ks CTAs of a token tile are one cluster (cluster dims
+// (C, 1, 1) over the 1-D grid, so rank = blockIdx.x % C = et + n_et * ks).
+// Each CTA leaves its partial logits in its own shared memory; after a
+// cluster barrier (arrive.release / wait.acquire) the rank-0 CTA reads all of
+// them through distributed shared memory and sums them over ks in order with
+// the same float adds as rf_sum_partials, so the logits, and every output,
+// are the bits of the last-CTA form on the same plan. No global partials and
+// no per-tile counter; the other CTAs wait on a second barrier until the
+// leader's reads are done (a CTA's shared memory must outlive every remote
+// read of it). Phase 3 as before over token tiles, except that a single
+// tile's leader sorts at once. The price: at most 16 CTAs per token tile, so
+// fewer K splits where E needs several expert tiles (rf_choose).
+constexpr int kRfMaxClusterCtas = 16;  // non-portable cluster size of sm_90
+constexpr int kRfPartLd = 8 * kRfRN;   // floats per token row of s_part (WN <= 8)
+static_assert(kRfMaxClusterCtas <= kRfMaxKs, "a cluster's K splits fit the plan's bound");
+
+// Cluster barrier halves (every thread of every CTA of the cluster arrives,
+// then waits). Not the .aligned forms: the SASS is the same (cooperative
+// groups' cluster.sync() emits these), and nothing then depends on the
+// compiler reconverging a warp first. On sm_90 the release is a
+// MEMBAR.ALL.GPU and the acquire an L1 invalidation (cuobjdump), cheaper than
+// the last-CTA form's fence + atomic + L2 round trip but not free.
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+// 4 bytes of CTA `rank`'s shared memory at the offset of local shared address
+// `addr` (volatile: not moved across the cluster barriers).
+__device__ __forceinline__ float ld_dsmem_f32(uint32_t addr, int rank) {
+  float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+#endif
+  return v;
+}
+
+// The leader's sums: items = tn * E logits, item it = m * E + e from rank
+// e / epc + n_et * ks, slot [m][e % epc] of its s_part (epc = WN * 4 experts
+// per CTA), summed over ks in order from 0.f exactly as rf_sum_partials sums
+// the workspace. IPR items per thread per round, all of a round's remote
+// loads in flight together.
+template <int IPR, int KS>
+__device__ __forceinline__ void rf_sum_cluster(uint32_t s_part, int epc, int n_et, int n_ks, int E,
+                                               int items, float* out) {
+  const int nt = blockDim.x;
+  for (int base = threadIdx.x; base < items; base += nt * IPR) {
+    float v[IPR][KS];
+#pragma unroll
+    for (int q = 0; q < IPR; ++q) {
+      const int it = base + q * nt;
+      const int m = it / E, e = it - m * E;
+      const int et = e / epc;
+      const uint32_t addr = s_part + (uint32_t)(m * kRfPartLd + e - et * epc) * 4u;
+#pragma unroll
+      for (int ks = 0; ks < KS; ++ks)
+        v[q][ks] = (it < items && ks < n_ks) ? ld_dsmem_f32(addr, et + n_et * ks) : 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < IPR; ++q) {
+      const int it = base + q * nt;
+      if (it < items) {
+        float sum = 0.f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ++ks)
+          if (ks < n_ks) sum += v[q][ks];
+        out[it] = sum;
+      }
+    }
+  }
+}
+
+template <int RM, int EPL>
+__global__ void __launch_bounds__(kRfThreads, 2)
+    router_fused_cluster_kernel(RouterFusedArgs a, RfShape sh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  pdl_launch_dependents();
+  constexpr int N = RM * kRfRN;
+  __shared__ float s_red[kRfThreads / 32][N];
+  __shared__ float s_part[RM * kRfPartLd];  // this CTA's partials, read by the leader
+  __shared__ float s_lg[RM * 32 * EPL];     // >= RM * E
+  __shared__ int s_cnt[kMaxGroups], s_cur[kMaxGroups];
+  __shared__ int s_last;
+  const RouterArgs& r = a.sel;
+  const int T = r.T, E = r.E;
+  const int tid = threadIdx.x, warp = tid >> 5;
+  const int C = sh.n_et * sh.n_ks;
+  const int rank = blockIdx.x % C;
+  const int et = rank % sh.n_et, ks = rank / sh.n_et;
+  const int tt = blockIdx.x / C;
+  int nv = T;
+  if (r.n_valid) {
+    nv = *r.n_valid;
+    nv = nv < 0 ? 0 : nv > T ? T : nv;
+  }
+  const int t0 = tt * RM;
+  const int tn = nv - t0 < RM ? nv - t0 : RM;  // live tokens of this tile (<= 0: none)
+
+  // ---- phase 1: partial logits of the tile, into this CTA's shared memory
+  if (tn > 0)
+    rf_tile_partials<RM>(a, sh, t0, tn, et, ks, s_red,
+                         [&](int m, int j, float v) { s_part[m * kRfPartLd + j] = v; });
+  // Every CTA's partials written (release) and visible to the leader (acquire).
+  cluster_arrive_release();
+  cluster_wait_acquire();
+  if (rank != 0) {
+    // Keep this CTA's shared memory alive until the leader has read it: the
+    // leader arrives on this second barrier once its remote loads are done.
+    cluster_arrive_release();
+    cluster_wait_acquire();
+    return;
+  }
+
+  // ---- phase 2 (the leader): sums over the cluster, selection
+  if (tn > 0) {
+    const uint32_t sp = (uint32_t)__cvta_generic_to_shared(s_part);
+    const int epc = sh.WN * kRfRN, items = tn * E;
+    if (sh.n_ks <= 4) rf_sum_cluster<4, 4>(sp, epc, sh.n_et, sh.n_ks, E, items, s_lg);
+    else if (sh.n_ks <= 8) rf_sum_cluster<2, 8>(sp, epc, sh.n_et, sh.n_ks, E, items, s_lg);
+    else rf_sum_cluster<1, kRfMaxClusterCtas>(sp, epc, sh.n_et, sh.n_ks, E, items, s_lg);
+  }
+  // Remote reads done (the loads' values are in registers or s_lg): release
+  // the other CTAs. This thread's matching wait is at the end.
+  cluster_arrive_release();
+  __syncthreads();
+  for (int m = warp; m < RM; m += kRfThreads / 32) {
+    const int t = t0 + m;
+    if (t >= T) break;
+    const float* lg = s_lg + m * E;
+    route_token<EPL>(r, t, [&](int e) { return lg[e]; });
+  }
+
+  // ---- phase 3: the last token tile's leader sorts. One tile: this CTA
+  // wrote every id itself, so a block barrier orders them before the sort
+  // (ld.cg is a cache hint, not a weaker ordering).
+  const int slots = r.slots > 0 ? r.slots : r.top_k + (r.shared_local >= 0 ? 1 : 0);
+  if (sh.n_tt == 1) {
+    __syncthreads();
+    align_block<true>(r.ids, T * slots, slots, a.n_groups, a.offsets, a.sorted_rows, a.inv, s_cnt,
+                      s_cur);
+  } else {
+    int* done_cnt = static_cast<int*>(a.workspace);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+      const int old = atomicAdd(done_cnt, 1);
+      s_last = old == sh.n_tt - 1;
+    }
+    __syncthreads();
+    if (s_last) {
+      __threadfence();
+      if (tid == 0) *done_cnt = 0;
+      align_block<true>(r.ids, T * slots, slots, a.n_groups, a.offsets, a.sorted_rows, a.inv, s_cnt,
+                        s_cur);
+    }
+  }
+  cluster_wait_acquire();  // pairs the arrive above; the others arrived long ago
+#endif
+}
+
 int rf_num_sms() {
   static int cached[64];
   int dev = 0;
@@ -566,7 +763,10 @@ int rf_num_sms() {
   return cached[dev];
 }
 
-RfShape rf_plan(int T, int E, int H, int num_sms) {
+// max_tile_ctas > 0: at most that many CTAs per token tile (n_et * n_ks), the
+// cluster form's bound (n_et <= max_tile_ctas, the caller's to check); 0: no
+// such bound (the last-CTA form).
+RfShape rf_plan(int T, int E, int H, int num_sms, int max_tile_ctas) {
   RfShape s;
   s.RM = rf_rm(T);
   const int et4 = (E + kRfRN - 1) / kRfRN;
@@ -585,11 +785,161 @@ RfShape rf_plan(int T, int E, int H, int num_sms) {
   if (ks > ks_cap) ks = ks_cap;
   if (ks > ks_ws) ks = (int)ks_ws;
   if (ks > ks_steps) ks = ks_steps;
+  if (max_tile_ctas > 0 && ks > max_tile_ctas / s.n_et) ks = max_tile_ctas / s.n_et;
   if (ks < 1) ks = 1;
   const int spw = (steps + ks * s.WK - 1) / (ks * s.WK);  // steps per warp
   s.kw = spw * 128;
   s.n_ks = (steps + spw * s.WK - 1) / (spw * s.WK);
   return s;
+}
+
+// Which form router_fused launches (tests and benches choose through the hook
+// at the end of this file; the runtime always gets kRfAuto).
+enum RfPath {
+  kRfAuto = 0,               // the cluster form where the device launches it, else the last-CTA form
+  kRfCluster = 1,            // the cluster form or cudaErrorNotSupported, no fallback
+  kRfLastCtaClusterPlan = 2, // the last-CTA form on the cluster form's plan: the same bits
+  kRfLastCta = 3,            // the last-CTA form on its own plan (the kernel before clusters)
+};
+struct RfTuning {
+  int path = kRfAuto;
+  int max_cluster = 0;  // > 0: a cap on the CTAs per cluster (below the device's limit)
+};
+RfTuning g_rf_tuning;
+
+constexpr int kRfMaxDevices = 64;
+using RfKernelFn = void (*)(RouterFusedArgs, RfShape);
+struct RfKernels {
+  RfKernelFn last_cta, cluster;
+  // Per device: 1 + the largest cluster the cluster kernel runs with; 0: not
+  // asked yet. Atomic: ranks may launch from several host threads (a race
+  // only repeats the same query).
+  std::atomic<int>* limit;
+};
+template <int RM, int EPL>
+RfKernels rf_kernels_of() {
+  static std::atomic<int> limit[kRfMaxDevices];
+  return {router_fused_kernel<RM, EPL>, router_fused_cluster_kernel<RM, EPL>, limit};
+}
+RfKernels rf_kernels(int RM, int epl) {
+#define GLMK_RF_KERNELS(RM)                                      \
+  switch (epl) {                                                 \
+    case 1: return rf_kernels_of<RM, 1>();                       \
+    case 5: return rf_kernels_of<RM, 5>();                       \
+    default: return rf_kernels_of<RM, kMaxExpertsPerLane>();     \
+  }
+  switch (RM) {
+    case 1: GLMK_RF_KERNELS(1)
+    case 2: GLMK_RF_KERNELS(2)
+    case 4: GLMK_RF_KERNELS(4)
+    default: GLMK_RF_KERNELS(8)
+  }
+#undef GLMK_RF_KERNELS
+}
+
+// The largest cluster (16 with the non-portable size allowed, else the
+// portable 8; 0: none) with which at least one cluster of `fn` fits the
+// device (cudaOccupancyMaxActiveClusters accounts for its registers, shared
+// memory and the GPC sizes, e.g. under MIG). Errors of the queries are cleared:
+// they mean "no cluster", and router_fused returns cudaGetLastError().
+int rf_query_cluster_limit(RfKernelFn fn, int dev) {
+  int major = 0, can = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (major < 9 || !can) return 0;
+  for (int c = kRfMaxClusterCtas; c >= 8; c /= 2) {
+    if (c > 8 && cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue;
+    }
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = c;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(c);
+    cfg.blockDim = dim3(kRfThreads);
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n > 0) return c;
+    (void)cudaGetLastError();
+  }
+  return 0;
+}
+
+// Asked once per device and kernel instance (no call in the launch path after
+// the first; no synchronisation either way).
+int rf_cluster_limit(const RfKernels& k) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  if (dev < 0 || dev >= kRfMaxDevices) return 0;
+  int v = k.limit[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = 1 + rf_query_cluster_limit(k.cluster, dev);
+    k.limit[dev].store(v, std::memory_order_relaxed);
+  }
+  return v - 1;
+}
+
+struct RfLaunch {
+  RfShape sh;
+  int cluster = 0;        // CTAs per cluster (n_et * n_ks); 0: the last-CTA form
+  bool fallback = false;  // a refused cluster launch runs the last-CTA form on the same plan
+};
+
+// The form and plan of a call. The cluster form's plan caps the K splits at
+// limit / n_et (E = 20: n_et = 1, up to 16 splits; E = 160: n_et = 5, up to 3);
+// where that cap binds, the logits are summed in other K chunks than the
+// last-CTA form's own plan would use (ids may then differ from it at a near
+// tie), but never between the cluster form and its fallback.
+cudaError_t rf_choose(int T, int E, int H, const RfKernels& k, RfLaunch* out) {
+  const RfTuning tu = g_rf_tuning;
+  const int sms = rf_num_sms();
+  int limit = 0;
+  if (tu.path != kRfLastCta) {
+    limit = rf_cluster_limit(k);
+    if (tu.max_cluster > 0 && limit > tu.max_cluster) limit = tu.max_cluster;
+  }
+  RfLaunch l;
+  l.sh = rf_plan(T, E, H, sms, 0);
+  const bool can = limit > 0 && l.sh.n_et <= limit;  // the cap changes n_ks only
+  if (tu.path == kRfLastCta || (tu.path == kRfAuto && !can)) {
+    *out = l;
+    return cudaSuccess;
+  }
+  if (!can) return cudaErrorNotSupported;
+  l.sh = rf_plan(T, E, H, sms, limit);
+  l.cluster = tu.path == kRfLastCtaClusterPlan ? 0 : l.sh.n_et * l.sh.n_ks;
+  l.fallback = tu.path == kRfAuto;
+  *out = l;
+  return cudaSuccess;
+}
+
+// One launch of fn over grid CTAs of kRfThreads, in clusters of `cluster`
+// CTAs when > 0 (grid is a multiple of it).
+cudaError_t rf_launch(RfKernelFn fn, int grid, int cluster, cudaStream_t st, const RouterFusedArgs& a,
+                      const RfShape& sh) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster > 0 ? cluster : 1;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kRfThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = cluster > 0 ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, fn, a, sh);
 }
 
 }  // namespace
@@ -618,6 +968,7 @@ cudaError_t router_topk(const RouterArgs& a, cudaStream_t st) {
 // cuBLAS SGEMM + router_topk + moe_align, E=20: 7.5 vs 8.5 us at T=1, 13.6 vs
 // 21.6 at T=256; E=160: 9.5 vs 11.1 at T=1, 18.7 vs 23.6 at T=64, 40.4 vs 32.0
 // at T=256 (the FP32 FMA loop re-reads the larger router per token tile).
+// Those numbers are the last-CTA form's; the cluster form is not measured yet.
 bool router_fused_supported(int T, int E, int H) {
   const int max_t = E <= 32 ? 256 : 128;
   return T >= 1 && T <= max_t && T <= kRouterFusedMaxT && E >= 1 && E <= 32 * kMaxExpertsPerLane &&
@@ -644,25 +995,26 @@ cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st) {
       a.n_groups <= 0 || a.n_groups > kMaxGroups || !a.offsets || !a.sorted_rows || !a.inv ||
       !a.workspace || (uintptr_t)a.workspace % 16)
     return cudaErrorInvalidValue;
-  const RfShape sh = rf_plan(r.T, r.E, a.H, rf_num_sms());
+  const RfKernels k = rf_kernels(rf_rm(r.T), router_epl(r.E));
+  RfLaunch l;
+  const cudaError_t ce = rf_choose(r.T, r.E, a.H, k, &l);
+  if (ce != cudaSuccess) return ce;
+  const RfShape& sh = l.sh;
   if (sh.n_tt > kRfMaxTiles) return cudaErrorInvalidValue;  // T > ~8000: not a decode batch
   if ((int64_t)sh.n_ks * r.T > rf_partial_rows(r.T)) return cudaErrorInvalidValue;  // cannot happen
   const int grid = sh.n_tt * sh.n_et * sh.n_ks;
-  const int epl = router_epl(r.E);
-#define GLMK_RF_LAUNCH(RM)                                                                 \
-  switch (epl) {                                                                           \
-    case 1: router_fused_kernel<RM, 1><<<grid, kRfThreads, 0, st>>>(a, sh); break;         \
-    case 5: router_fused_kernel<RM, 5><<<grid, kRfThreads, 0, st>>>(a, sh); break;         \
-    default: router_fused_kernel<RM, kMaxExpertsPerLane><<<grid, kRfThreads, 0, st>>>(a, sh); \
+  if (l.cluster > 0) {
+    const cudaError_t e = rf_launch(k.cluster, grid, l.cluster, st, a, sh);
+    if (e == cudaSuccess) return cudaGetLastError();
+    // Refused for its cluster shape despite the occupancy query (which of the
+    // two codes a cluster that cannot be placed gets is not documented): the
+    // last-CTA form on the same plan gives the same bits. The refusal is not a
+    // sticky error; clear it so it is not reported after the fallback's launch.
+    if (!l.fallback || (e != cudaErrorInvalidClusterSize && e != cudaErrorLaunchOutOfResources)) return e;
+    (void)cudaGetLastError();
   }
-  switch (sh.RM) {
-    case 1: GLMK_RF_LAUNCH(1) break;
-    case 2: GLMK_RF_LAUNCH(2) break;
-    case 4: GLMK_RF_LAUNCH(4) break;
-    default: GLMK_RF_LAUNCH(8) break;
-  }
-#undef GLMK_RF_LAUNCH
-  return cudaGetLastError();
+  const cudaError_t e = rf_launch(k.last_cta, grid, 0, st, a, sh);
+  return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 cudaError_t moe_align(const int* ids, int T, int slots, int n_groups, int* offsets,
@@ -686,6 +1038,40 @@ cudaError_t moe_combine(const float* y, const int* inv, const float* w, int T, i
   const dim3 grid(T, (H / 4 + kCombineThreads - 1) / kCombineThreads);
   combine_kernel<<<grid, kCombineThreads, 0, st>>>(y, inv, w, slots, H, add, delta);
   return cudaGetLastError();
+}
+
+
+// Test / bench hook (not in kernels.h; small_check declares it): which form
+// of router_fused runs (path: 0 auto, 1 the cluster form only, 2 the last-CTA
+// form on the cluster form's plan, 3 the last-CTA form on its own plan; see
+// RfPath) and a cap on the cluster size (0: the device's limit). Not
+// thread-safe; the runtime never calls it.
+struct RouterFusedTuning {
+  int path, max_cluster;
+};
+void router_fused_get_tuning(RouterFusedTuning* t) { *t = {g_rf_tuning.path, g_rf_tuning.max_cluster}; }
+void router_fused_set_tuning(const RouterFusedTuning* t) {
+  if (!t) {
+    g_rf_tuning = RfTuning{};
+    return;
+  }
+  g_rf_tuning.path = t->path;
+  g_rf_tuning.max_cluster = t->max_cluster;
+}
+// The launch router_fused makes for (T, E, H) under the current tuning:
+// cluster = CTAs per cluster (0: the last-CTA form), the plan's tiles and
+// splits. cudaErrorNotSupported where the tuning asks for a cluster the
+// device cannot run.
+struct RouterFusedPlan {
+  int cluster, n_tt, n_et, n_ks, kw, grid;
+};
+cudaError_t router_fused_plan(int T, int E, int H, RouterFusedPlan* p) {
+  if (T < 1 || E < 1 || E > 32 * kMaxExpertsPerLane || H < 4) return cudaErrorInvalidValue;
+  RfLaunch l;
+  const cudaError_t e = rf_choose(T, E, H, rf_kernels(rf_rm(T), router_epl(E)), &l);
+  if (e != cudaSuccess) return e;
+  *p = {l.cluster, l.sh.n_tt, l.sh.n_et, l.sh.n_ks, l.sh.kw, l.sh.n_tt * l.sh.n_et * l.sh.n_ks};
+  return cudaSuccess;
 }
 
 }  // namespace glmk

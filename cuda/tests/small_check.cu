@@ -19,7 +19,10 @@
 // T in {1, 4, 16, 64, 256}: microseconds per call from 20 calls captured in one
 // CUDA graph, median of 11 replays after warm-up; the previous kernel beside the
 // new one, and for the router the fused launch beside cuBLAS SGEMM +
-// router_topk + moe_align, for E = 20 and E = 160.
+// router_topk + moe_align, for E = 20 and E = 160 at T in {1, 4, 16, 64, 128,
+// 256}: the fused router's last-CTA form (the kernel before clusters, on its
+// own plan), its cluster form (clusters up to the device's limit, and capped
+// at the portable 8) and which form router_fused picks by default.
 #include <cublas_v2.h>
 
 #include <memory>
@@ -31,6 +34,22 @@
 #define CHECK_NAME_W 26
 #define CHECK_DETAIL_W 58
 #include "check.cuh"
+
+namespace glmk {
+// Test / bench hooks defined in moe.cu (not part of kernels.h): the form of
+// router_fused (path 0 auto, 1 the cluster form only, 2 the last-CTA form on
+// the cluster form's plan, 3 the last-CTA form on its own plan) and the launch
+// it makes.
+struct RouterFusedTuning {
+  int path, max_cluster;
+};
+void router_fused_get_tuning(RouterFusedTuning* t);
+void router_fused_set_tuning(const RouterFusedTuning* t);
+struct RouterFusedPlan {
+  int cluster, n_tt, n_et, n_ks, kw, grid;
+};
+cudaError_t router_fused_plan(int T, int E, int H, RouterFusedPlan* p);
+}  // namespace glmk
 
 using namespace glmk;
 
@@ -1156,6 +1175,19 @@ static void check_router_fused(cublasHandle_t cb) {
     c.shared_local = 20;
     cases.push_back(c);
   }
+  // router_fused's default is the cluster form on sm_90: these checks are
+  // the cluster form's wherever the device launches clusters.
+  int cc_major = 0, n_last_cta = 0;
+  CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
+  for (const RouterCase& c : cases) {
+    RouterFusedPlan plan;
+    CK(router_fused_plan(c.T, c.E, c.H, &plan));
+    n_last_cta += plan.cluster == 0;
+  }
+  if (cc_major >= 9)
+    report_exact("router_fused default form",
+                 fmt("%zu cases: %d not on the cluster form (sm_%d0)", cases.size(), n_last_cta, cc_major),
+                 n_last_cta);
   for (const RouterCase& c : cases) {
     const RouterData d = make_router_data(c.T, c.E, c.H);
     const int S = case_slots(c), G = case_groups(c);
@@ -1268,6 +1300,100 @@ static void check_router_fused(cublasHandle_t cb) {
     for (size_t i = 0; i < 4096 && i < h.size(); ++i) nz += h[i] != 0;
     report_exact("router_fused counters", "workspace header zero after all launches", nz);
   }
+}
+
+// The two forms of router_fused on one plan: the cluster form (path 1, the
+// default) against the last-CTA form on the cluster form's plan (path 2), which
+// sum the same partials in the same order: ids, weights, topk_global and
+// offsets bit for bit; sorted_rows the same set of tokens per group (their
+// order inside a group follows shared-memory atomics) and each form's inv
+// consistent with its own rows. Clusters up to the device's limit (16 on an
+// H100 / H200) and capped at the portable 8; the cluster form also against
+// the float64 reference. One workspace for all, its counters checked zero at
+// the end (both forms' counters: the last-CTA form uses the per-tile ones).
+static void check_router_fused_forms() {
+  int cc_major = 0;
+  CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
+  Dev<char> ws(router_fused_workspace_bytes(256, 160));
+  ws.zero();
+  struct Shape {
+    int T, E, nv;
+  };
+  std::vector<Shape> shapes;
+  for (int E : {20, 160})
+    for (int T : {1, 3, 16, 64, 200, 256}) shapes.push_back({T, E, -1});
+  // Padding rows: a partly padded tile, whole padded tiles, all padded; one
+  // token tile (its leader sorts without the counter) padded in part or whole.
+  for (Shape sh : {Shape{64, 20, 37}, Shape{64, 160, 37}, Shape{200, 20, 150}, Shape{200, 160, 9},
+                   Shape{16, 160, 0}, Shape{3, 20, 1}, Shape{256, 160, 255}, Shape{2, 160, 1},
+                   Shape{1, 20, 0}})
+    shapes.push_back(sh);
+  for (const Shape& sh : shapes) {
+    RouterCase c{sh.T, sh.E, 5120, 8, 1, 1};
+    c.n_local = 20;
+    c.shared_local = 20;
+    c.n_valid = sh.nv;
+    const RouterData d = make_router_data(c.T, c.E, c.H);
+    const int S = case_slots(c), G = case_groups(c);
+    Dev<float> x(d.x), W(d.W), bias(d.bias);
+    for (int max_cluster : {0, 8}) {
+      FusedIO cl(c.T, c.K, S, G), lc(c.T, c.K, S, G);
+      if (c.n_valid >= 0) {
+        cl.nv.up({c.n_valid});
+        lc.nv.up({c.n_valid});
+      }
+      cl.poison();
+      lc.poison();
+      const std::string what = fmt("T=%d E=%d nv=%d cluster<=%d", c.T, c.E, c.n_valid, max_cluster);
+      RouterFusedTuning tu{1, max_cluster};
+      router_fused_set_tuning(&tu);
+      RouterFusedPlan plan;
+      const cudaError_t pe = router_fused_plan(c.T, c.E, c.H, &plan);
+      if (pe == cudaErrorNotSupported) {
+        router_fused_set_tuning(nullptr);
+        // Only an error where the device should launch clusters.
+        report("router_fused forms", what + ": the cluster form is not supported here", cc_major >= 9 ? 1.0 : 0.0,
+               0.0);
+        continue;
+      }
+      CK(pe);
+      CK(router_fused(fused_args(c, x.p, W.p, bias.p, cl, ws.p), 0));
+      tu.path = 2;
+      router_fused_set_tuning(&tu);
+      CK(router_fused(fused_args(c, x.p, W.p, bias.p, lc, ws.p), 0));
+      router_fused_set_tuning(nullptr);
+      CK(cudaDeviceSynchronize());
+      size_t bad = 0;
+      const auto ids = cl.ids.down(), ids2 = lc.ids.down(), glob = cl.glob.down(), glob2 = lc.glob.down();
+      const auto off = cl.off.down(), off2 = lc.off.down();
+      const auto rows = cl.rows.down(), rows2 = lc.rows.down();
+      // count_diff compares bytes: the weights bit for bit.
+      bad += count_diff(ids, ids2) + count_diff(glob, glob2) + count_diff(off, off2) +
+             count_diff(cl.w.down(), lc.w.down());
+      // Offsets in range before the rows are sliced by them (poison is not).
+      bool off_ok = off == off2 && off[0] == 0 && off[G] <= c.T * S;
+      for (int g = 0; g < G && off_ok; ++g) off_ok = off[g] <= off[g + 1];
+      size_t bad_sets = off_ok ? 0 : 1;
+      for (int g = 0; g < G && off_ok; ++g) {
+        std::vector<int> a(rows.begin() + off[g], rows.begin() + off[g + 1]);
+        std::vector<int> b(rows2.begin() + off[g], rows2.begin() + off[g + 1]);
+        std::sort(a.begin(), a.end());
+        std::sort(b.begin(), b.end());
+        bad_sets += a != b;
+      }
+      const size_t bad_inv = check_align(ids, c.T, S, G, off, rows, cl.inv.down()) +
+                             check_align(ids2, c.T, S, G, off2, rows2, lc.inv.down());
+      report_exact("router_fused forms",
+                   fmt("%s: C=%d ks=%d: %zu differ, %zu groups, align %zu", what.c_str(), plan.cluster,
+                       plan.n_ks, bad, bad_sets, bad_inv),
+                   bad + bad_sets + bad_inv);
+      verify_fused(fmt("router_fused cluster<=%d", max_cluster), c, d, cl, nullptr);
+    }
+  }
+  const auto h = ws.down();
+  size_t nz = 0;
+  for (size_t i = 0; i < 4096 && i < h.size(); ++i) nz += h[i] != 0;
+  report_exact("router_fused forms header", "workspace header zero after both forms", nz);
 }
 
 // router_topk: the same bits as the previous kernel; n_valid padding rows.
@@ -1826,7 +1952,10 @@ static void bench(cublasHandle_t cb) {
       bench_row("moe_align slots=9 G=21", T, tp, tn);
     }
   }
-  // Router: fused vs cuBLAS SGEMM + router_topk + moe_align.
+  // Router: fused vs cuBLAS SGEMM + router_topk + moe_align; the fused router's
+  // last-CTA form (on its own plan: the kernel before clusters) and cluster
+  // form (clusters up to the device's limit, and at most the portable 8).
+  const int router_Ts[] = {1, 4, 16, 64, 128, 256};
   for (int E : {20, 160}) {
     std::vector<float> W((size_t)E * H), bias(E);
     for (auto& v : W) v = randn() * 0.02f;
@@ -1835,7 +1964,7 @@ static void bench(cublasHandle_t cb) {
     Dev<int> ids(Tmax * S), off(G + 1), rows(Tmax * S), inv(Tmax * S);
     Dev<char> ws(router_fused_workspace_bytes(Tmax, E));
     ws.zero();
-    for (int T : Ts) {
+    for (int T : router_Ts) {
       RouterCase c{T, E, H, K, 1, 1};
       c.n_local = NL;
       c.shared_local = NL;
@@ -1861,11 +1990,32 @@ static void bench(cublasHandle_t cb) {
         run_unfused(cb, c, big.p, dW.p, db.p, logits.p, nullptr, ids.p, w.p, off.p, rows.p, inv.p, s);
       });
       const float tg = time_graph_us([&](cudaStream_t s) { CKS(gemm_f32_nt(cb, big.p, dW.p, logits.p, T, E, H, s)); });
-      const float tf = time_graph_us([&](cudaStream_t s) { CK(router_fused(a, s)); });
+      // One form under the hook: its time (-1 where the device cannot run it) and plan.
+      auto timed = [&](int path, int max_cluster, RouterFusedPlan* plan) {
+        const RouterFusedTuning tn{path, max_cluster};
+        router_fused_set_tuning(&tn);
+        float t = -1.f;
+        const cudaError_t pe = router_fused_plan(T, E, H, plan);
+        if (pe == cudaSuccess) t = time_graph_us([&](cudaStream_t s) { CK(router_fused(a, s)); });
+        else if (pe != cudaErrorNotSupported) CK(pe);
+        router_fused_set_tuning(nullptr);
+        return t;
+      };
+      RouterFusedPlan p_last, p_cl, p_cl8, p_auto;
+      const float tf = timed(3, 0, &p_last);
+      const float tc = timed(1, 0, &p_cl);
+      const float tc8 = timed(1, 8, &p_cl8);
+      CK(router_fused_plan(T, E, H, &p_auto));
       printf("%-44s T=%-4d cuBLAS+topk+align %8.2f us (SGEMM alone %6.2f)   fused %8.2f us   x%.2f  "
              "router_fused_supported=%d\n",
              fmt("router E=%d H=%d k=8", E, H).c_str(), T, tu, tg, tf, tu / tf,
              (int)router_fused_supported(T, E, H));
+      auto cell = [](float t, const RouterFusedPlan& p) {
+        return t < 0 ? std::string("      n/a          ") : fmt("%8.2f us (C=%-2d ks=%-2d)", t, p.cluster, p.n_ks);
+      };
+      printf("%-44s T=%-4d last-CTA %8.2f us (ks=%-2d)   cluster %s   cluster<=8 %s   default: %s\n",
+             fmt("  router_fused forms E=%d", E).c_str(), T, tf, p_last.n_ks, cell(tc, p_cl).c_str(),
+             cell(tc8, p_cl8).c_str(), p_auto.cluster ? fmt("cluster C=%d", p_auto.cluster).c_str() : "last-CTA");
       fflush(stdout);
     }
   }
@@ -1965,6 +2115,7 @@ int main(int argc, char** argv) {
     check_rope(7, 24, 2, false);
     check_router_topk();
     check_router_fused(cb);
+    check_router_fused_forms();
     check_quant_prev();
     check_combine_prev();
     check_combine_norm();
