@@ -596,6 +596,7 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
 // tile's leader sorts at once. The price: at most 16 CTAs per token tile, so
 // fewer K splits where E needs several expert tiles (rf_choose).
 constexpr int kRfMaxClusterCtas = 16;  // non-portable cluster size of sm_90
+constexpr int kRfClusterMaxT = 2;      // tokens up to which router_fused picks the cluster form
 constexpr int kRfPartLd = 8 * kRfRN;   // floats per token row of s_part (WN <= 8)
 static_assert(kRfMaxClusterCtas <= kRfMaxKs, "a cluster's K splits fit the plan's bound");
 
@@ -911,7 +912,17 @@ cudaError_t rf_choose(int T, int E, int H, const RfKernels& k, RfLaunch* out) {
   RfLaunch l;
   l.sh = rf_plan(T, E, H, sms, 0);
   const bool can = limit > 0 && l.sh.n_et <= limit;  // the cap changes n_ks only
-  if (tu.path == kRfLastCta || (tu.path == kRfAuto && !can)) {
+  // Where the cluster form is the faster. In isolation (small_check
+  // --bench-only, H100, 2026-11-27, E = 20, H = 5120, us, last-CTA -> cluster):
+  // T = 1 8.23 -> 7.19, 4 8.44 -> 8.12, 16 9.04 -> 8.52, 64 11.28 -> 10.89,
+  // but 128 11.80 -> 12.22 and 256 14.70 -> 18.36; E = 160 (five expert tiles,
+  // so at most 3 K splits in a cluster of 16) slower at every T (T = 1 9.82 ->
+  // 11.84, 64 19.29 -> 22.90). In the decode step (rank share, 2k context, A/B
+  // on one H100, three alternations, ms): batch 1 6.19 -> 6.11, 2 6.52 ->
+  // 6.33, but 4 7.81 -> 7.83 and 8 10.87 -> 11.0 (16 to 256 within 0.1 ms):
+  // so one expert tile (E <= 32) and up to 2 tokens.
+  const bool worth = l.sh.n_et == 1 && T <= kRfClusterMaxT;
+  if (tu.path == kRfLastCta || (tu.path == kRfAuto && (!can || !worth))) {
     *out = l;
     return cudaSuccess;
   }
@@ -968,7 +979,8 @@ cudaError_t router_topk(const RouterArgs& a, cudaStream_t st) {
 // cuBLAS SGEMM + router_topk + moe_align, E=20: 7.5 vs 8.5 us at T=1, 13.6 vs
 // 21.6 at T=256; E=160: 9.5 vs 11.1 at T=1, 18.7 vs 23.6 at T=64, 40.4 vs 32.0
 // at T=256 (the FP32 FMA loop re-reads the larger router per token tile).
-// Those numbers are the last-CTA form's; the cluster form is not measured yet.
+// Those numbers are the last-CTA form's; the cluster form, where it runs
+// (E <= 32, T <= 2: rf_choose), is ~1 us faster.
 bool router_fused_supported(int T, int E, int H) {
   const int max_t = E <= 32 ? 256 : 128;
   return T >= 1 && T <= max_t && T <= kRouterFusedMaxT && E >= 1 && E <= 32 * kMaxExpertsPerLane &&
