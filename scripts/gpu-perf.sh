@@ -18,6 +18,10 @@
 #            batch {1,4,16,64,128,256} x context {1k,4k,16k}, floor and ratio
 #   profile  the same at context 2k for batch 1, 64, 256 with --profile, graphs
 #            on and off
+#   trace    the in-graph kernel timeline of decode steps (TRACE_BATCHES, default
+#            "1 64 256"; 2k context) from a CUPTI injection library
+#            (scripts/build-kernel-trace.sh -> .carry/trace): per kernel its share of
+#            the step, and one layer's kernels in order (scripts/trace_summary.py)
 #   ncu      kernel durations of eager decode steps (6 layers) from ncu
 #   ncu-prefill  duration, DRAM and SM throughput per kernel of an eager 2k prefill
 #            step and a decode step of each batch in NCU_DECODE_BATCHES (default 64;
@@ -175,6 +179,26 @@ if want profile; then
     else fail "bench profile graphs $g FAIL"; tail -5 "$LOG/profile-graphs-$g.err"; fi
     cp "$LOG/profile-graphs-$g.md" "$FINAL/" 2>/dev/null
   done
+fi
+
+if want trace; then
+  # The in-graph kernel timeline of decode steps at context 2,048 for each batch
+  # of TRACE_BATCHES (default "1 64 256"), recorded by the CUPTI injection
+  # library in $TRACE_LIB (default .carry/trace: scripts/build-kernel-trace.sh);
+  # scripts/trace_summary.py sums, per kernel, the time from the end of the
+  # kernel before to its own end over the last whole step, and lists one layer.
+  TL="${TRACE_LIB:-.carry/trace}"
+  if [[ -f "$TL/libkernel_trace.so" ]]; then
+    for b in ${TRACE_BATCHES:-1 64 256}; do
+      LD_LIBRARY_PATH="$PWD/$TL:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$PWD/$TL/libkernel_trace.so" \
+        KERNEL_TRACE_OUT="$LOG/trace-b$b.csv" timeout "$T" "$G" bench "${SYN[@]}" --batches "$b" --contexts 2048 \
+        --steps 6 --warmup-steps 2 >"$LOG/trace-b$b.bench" 2>&1 || fail "bench trace b$b FAIL"
+      if python3 scripts/trace_summary.py "$LOG/trace-b$b.csv" >"$LOG/trace-b$b.txt" 2>&1; then
+        note "trace batch $b          ok (trace-b$b.txt)"
+      else fail "trace batch $b          FAIL"; fi
+      cp "$LOG/trace-b$b.txt" "$FINAL/" 2>/dev/null
+    done
+  else fail "trace                 no $TL/libkernel_trace.so (scripts/build-kernel-trace.sh)"; fi
 fi
 
 if want ncu; then
@@ -336,7 +360,7 @@ if want prefill; then
 fi
 
 echo
-for f in ab.md ttft-2048.md ttft-8192.md ttft-32768.md arrival.md grid.md profile-graphs-on.md e2e.md masks-off-1.md masks-on-1.md masks-off-2.md masks-on-2.md grammar-bench.txt; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
+for f in trace-b1.txt trace-b64.txt trace-b256.txt ab.md ttft-2048.md ttft-8192.md ttft-32768.md arrival.md grid.md profile-graphs-on.md e2e.md masks-off-1.md masks-on-1.md masks-off-2.md masks-on-2.md grammar-bench.txt; do [[ -f "$LOG/$f" ]] && { echo "==== $f"; cat "$LOG/$f"; }; done
 [[ -f "$LOG/prefill-bench.txt" ]] && { echo "==== prefill attention (ours, then SDPA)"; tail -12 "$LOG/prefill-bench.txt"; tail -11 "$LOG/prefill-sdpa.txt"; }
 [[ -f "$LOG/attn-bench.txt" ]] && { echo "==== attention (ours, then SDPA)"; tail -45 "$LOG/attn-bench.txt"; tail -40 "$LOG/sdpa.txt"; }
 echo; echo "==== gpu-perf ($(head -1 "$LOG/device.txt"))"

@@ -896,9 +896,17 @@ cudaError_t dec_prepare(int smem) {
 
 template <int S>
 cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, cudaStream_t st) {
-  const int smem = kDecWarps * S * kDecStageBytes;
-  cudaError_t e = dec_prepare<S>(smem);
-  if (e != cudaSuccess) return e;
+  int smem = kDecWarps * S * kDecStageBytes;
+  if (a.one_per_sm) {
+    // Two CTAs then need more than the SM has (static shared memory and the
+    // per-CTA reservation only add to that).
+    int dev = 0, per_sm = 0;
+    cudaError_t q = cudaGetDevice(&dev);
+    if (q == cudaSuccess) q = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (q != cudaSuccess) return q;
+    smem = std::max(smem, per_sm / 2 + 1024);
+  }
+  cudaError_t e = dec_prepare<S>(std::max(smem, kDecWarps * 4 * kDecStageBytes));
   const dim3 grid(a.max_splits, a.n_kv_heads, a.n_seqs);
   return launch_kernel(a.pdl != 0, decode_attn_kernel<S>, grid, dim3(kDecThreads), smem, st, a, p);
 }

@@ -293,6 +293,11 @@ struct DecodeAttnArgs {
   // the metadata and block tables and prefetch their first KV tiles into L2
   // before waiting for it; everything else (q, KV, outputs, workspace) after.
   int pdl = 0;
+  // 1: shared memory padded so that at most one CTA fits an SM. For an early
+  // (pdl) launch whose grid fits one wave: its CTAs, resident before the
+  // kernel ahead finishes, then spread over the SMs instead of packing two to
+  // an SM on those the kernel ahead leaves free.
+  int one_per_sm = 0;
 };
 // Split policy (host): the most CTAs per (sequence, KV head) for a batch of
 // n_seqs on num_sms multiprocessors. Independent of context lengths, which the

@@ -839,7 +839,12 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     // batches: launched early, the CTAs of a one-split grid pack onto the SMs
     // rope leaves free (batch 128 / 16k: 43 -> 57 ms per step). Not under
     // profiling, whose events sit between the kernels.
-    a.pdl = (e.prof.on || m.n_dec > 8) ? 0 : 1;
+#ifndef GLMRT_DEC_PDL_ONE_PER_SM
+#define GLMRT_DEC_PDL_ONE_PER_SM 1
+#endif
+    const int64_t ctas = (int64_t)m.dec_splits * d.nkv_l * m.n_dec;
+    a.pdl = !e.prof.on && (m.n_dec <= 8 || (GLMRT_DEC_PDL_ONE_PER_SM && ctas <= r.num_sms)) ? 1 : 0;
+    a.one_per_sm = a.pdl && m.n_dec > 8 ? 1 : 0;
     KCHECK(glmk::attention_decode(a, r.stream), "layer %d: attention_decode (%d sequences, %d splits)",
            l, m.n_dec, m.dec_splits);
   }
