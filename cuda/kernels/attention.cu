@@ -290,7 +290,13 @@ static_assert(16 * kDecOStride * 4 <= 2 * kDecStageBytes, "warp O copy fits in t
 // Launch knobs (defaults; attn_check --sweep changes them through the hook at
 // the end of this file).
 struct DecTuning {
-  int stages = 3;       // pipeline depth per warp: 2, 3 or 4 (smem 64 / 96 / 128 KB per CTA)
+  // Pipeline depth per warp: 2, 3 or 4 (smem 64 / 96 / 128 KB per CTA); 0: 4
+  // where the grid fits one wave of one CTA per SM, else 3 (two CTAs of 96 KB
+  // share an SM). In the decode step (rank share, 2k context, A/B on one H100,
+  // 2026-11-27, ms, 3 -> 4 stages): batch 1 6.14 -> 6.05, 4 7.85 -> 7.77, 32
+  // 19.45 -> 19.3, 128 26.85 -> 26.7, 16 and 64 unchanged; batch 256 (256
+  // CTAs) 32.75 -> 33.05.
+  int stages = 0;
   int min_chunk = 128;  // fewest keys per split (multiple of 16)
   int direct_max = 16;  // up to this many splits merge in one level
   // The split policy's target of CTAs per SM. attn_check --sweep on an H200
@@ -966,7 +972,15 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
     p.go = reinterpret_cast<float*>(base + w.go);
     p.gml = reinterpret_cast<float2*>(base + w.gml);
   }
-  switch (tu.stages) {
+  int stages = tu.stages;
+  if (stages == 0) {
+    int dev = 0, sms = 0;
+    cudaError_t q = cudaGetDevice(&dev);
+    if (q == cudaSuccess) q = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (q != cudaSuccess) return q;
+    stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= sms ? 4 : 3;
+  }
+  switch (stages) {
     case 2: return dec_launch<2>(a, p, st);
     case 4: return dec_launch<4>(a, p, st);
     default: return dec_launch<3>(a, p, st);

@@ -904,7 +904,8 @@ static void sweep() {
     std::sort(rs.begin(), rs.end(), [](const R& a, const R& b) { return a.us < b.us; });
     double def_us = 0;
     for (auto& r : rs)
-      if (r.t.stages == def.stages && r.t.ctas_per_sm == def.ctas_per_sm && r.t.min_chunk == def.min_chunk &&
+      if (r.t.stages == (def.stages ? def.stages : (int64_t)r.splits * B <= g_num_sms ? 4 : 3) &&
+          r.t.ctas_per_sm == def.ctas_per_sm && r.t.min_chunk == def.min_chunk &&
           r.t.direct_max == def.direct_max)
         def_us = r.us;
     printf("b%d_c%d (default %.2f us):", B, C, def_us);
