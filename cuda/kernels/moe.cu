@@ -408,21 +408,22 @@ struct Log2<1> {
   static constexpr int value = 0;
 };
 
-// Sum the n_ks partials of `items` consecutive logits starting at p (stride
-// T*E between splits) into out[], IPR items per thread per round, all of a
-// round's loads in flight together; each sum runs over ks in order.
-template <int IPR, int KS>
-__device__ __forceinline__ void rf_sum_partials(const float* p, int64_t stride, int n_ks,
-                                                int items, float* out) {
+// out[it] = the sum over ks < n_ks, in ks order from 0.f, of load(at(it), ks),
+// for it < items (at: what an item's loads share, computed once per item): IPR
+// items per thread per round, all of a round's loads in flight together. Both
+// router forms sum their partials through it (the workspace's, the cluster's
+// shared memory), so their logits are the same bits.
+template <int IPR, int KS, typename At, typename Load>
+__device__ __forceinline__ void rf_sum_items(int n_ks, int items, float* out, At at, Load load) {
   const int nt = blockDim.x;
   for (int base = threadIdx.x; base < items; base += nt * IPR) {
     float v[IPR][KS];
 #pragma unroll
     for (int q = 0; q < IPR; ++q) {
       const int it = base + q * nt;
+      const auto a = at(it);  // (unused past items)
 #pragma unroll
-      for (int ks = 0; ks < KS; ++ks)
-        v[q][ks] = (it < items && ks < n_ks) ? __ldcg(p + ks * stride + it) : 0.f;
+      for (int ks = 0; ks < KS; ++ks) v[q][ks] = (it < items && ks < n_ks) ? load(a, ks) : 0.f;
     }
 #pragma unroll
     for (int q = 0; q < IPR; ++q) {
@@ -436,6 +437,15 @@ __device__ __forceinline__ void rf_sum_partials(const float* p, int64_t stride, 
       }
     }
   }
+}
+
+// Sum the n_ks partials of `items` consecutive logits starting at p (stride
+// T*E between splits) into out[].
+template <int IPR, int KS>
+__device__ __forceinline__ void rf_sum_partials(const float* p, int64_t stride, int n_ks,
+                                                int items, float* out) {
+  rf_sum_items<IPR, KS>(
+      n_ks, items, out, [&](int it) { return p + it; }, [&](const float* q, int ks) { return __ldcg(q + ks * stride); });
 }
 
 // Phase 1 of both forms: the partial logits of one CTA's token tile (t0, tn
@@ -636,31 +646,18 @@ __device__ __forceinline__ float ld_dsmem_f32(uint32_t addr, int rank) {
 template <int IPR, int KS>
 __device__ __forceinline__ void rf_sum_cluster(uint32_t s_part, int epc, int n_et, int n_ks, int E,
                                                int items, float* out) {
-  const int nt = blockDim.x;
-  for (int base = threadIdx.x; base < items; base += nt * IPR) {
-    float v[IPR][KS];
-#pragma unroll
-    for (int q = 0; q < IPR; ++q) {
-      const int it = base + q * nt;
-      const int m = it / E, e = it - m * E;
-      const int et = e / epc;
-      const uint32_t addr = s_part + (uint32_t)(m * kRfPartLd + e - et * epc) * 4u;
-#pragma unroll
-      for (int ks = 0; ks < KS; ++ks)
-        v[q][ks] = (it < items && ks < n_ks) ? ld_dsmem_f32(addr, et + n_et * ks) : 0.f;
-    }
-#pragma unroll
-    for (int q = 0; q < IPR; ++q) {
-      const int it = base + q * nt;
-      if (it < items) {
-        float sum = 0.f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ++ks)
-          if (ks < n_ks) sum += v[q][ks];
-        out[it] = sum;
-      }
-    }
-  }
+  struct Slot {
+    uint32_t addr;  // the item's slot in every CTA's s_part
+    int et;         // its expert tile: rank et + n_et * ks holds split ks
+  };
+  rf_sum_items<IPR, KS>(
+      n_ks, items, out,
+      [&](int it) {
+        const int m = it / E, e = it - m * E;
+        const int et = e / epc;
+        return Slot{s_part + (uint32_t)(m * kRfPartLd + e - et * epc) * 4u, et};
+      },
+      [&](const Slot& a, int ks) { return ld_dsmem_f32(a.addr, a.et + n_et * ks); });
 }
 
 template <int RM, int EPL>

@@ -999,6 +999,11 @@ struct FusedIO {
     inv.poison();
     w.poison();
   }
+  // Poisoned outputs and the case's valid-row count (n_valid >= 0), for a launch.
+  void prepare(int n_valid) {
+    if (n_valid >= 0) nv.up({n_valid});
+    poison();
+  }
 };
 
 static RouterFusedArgs fused_args(const RouterCase& c, const float* x, const float* W, const float* bias,
@@ -1197,12 +1202,8 @@ static void check_router_fused(cublasHandle_t cb) {
     const int S = case_slots(c), G = case_groups(c);
     Dev<float> x(d.x), W(d.W), bias(d.bias), logits((size_t)c.T * c.E);
     FusedIO io(c.T, c.K, S, G), un(c.T, c.K, S, G);
-    if (c.n_valid >= 0) {
-      io.nv.up({c.n_valid});
-      un.nv.up({c.n_valid});
-    }
-    io.poison();
-    un.poison();
+    io.prepare(c.n_valid);
+    un.prepare(c.n_valid);
     RouterFusedArgs a = fused_args(c, x.p, W.p, bias.p, io, ws.p);
     CK(router_fused(a, 0));
     run_unfused(cb, c, x.p, W.p, bias.p, logits.p, c.n_valid >= 0 ? un.nv.p : nullptr, un.ids.p, un.w.p,
@@ -1342,12 +1343,8 @@ static void check_router_fused_forms() {
     Dev<float> x(d.x), W(d.W), bias(d.bias);
     for (int max_cluster : {0, 8}) {
       FusedIO cl(c.T, c.K, S, G), lc(c.T, c.K, S, G);
-      if (c.n_valid >= 0) {
-        cl.nv.up({c.n_valid});
-        lc.nv.up({c.n_valid});
-      }
-      cl.poison();
-      lc.poison();
+      cl.prepare(c.n_valid);
+      lc.prepare(c.n_valid);
       const std::string what = fmt("T=%d E=%d nv=%d cluster<=%d", c.T, c.E, c.n_valid, max_cluster);
       RouterFusedTuning tu{1, max_cluster};
       router_fused_set_tuning(&tu);
