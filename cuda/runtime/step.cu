@@ -833,17 +833,17 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
       a.out_scale = r.xs;
     }
     a.workspace = r.dec_ws;
-    // Up to 8 sequences, the metadata, block tables and first KV lines are
-    // fetched while the rope kernel runs (H200, 2026-11-24: batch 1 -2%, the
-    // kernel's cold start in the step is mostly L2 misses). Not for larger
-    // batches: launched early, the CTAs of a one-split grid pack onto the SMs
-    // rope leaves free (batch 128 / 16k: 43 -> 57 ms per step). Not under
-    // profiling, whose events sit between the kernels.
-#ifndef GLMRT_DEC_PDL_ONE_PER_SM
-#define GLMRT_DEC_PDL_ONE_PER_SM 1
-#endif
+    // Launched early (programmatic dependent launch): the metadata, block
+    // tables and first KV lines are fetched while the rope kernel runs (H200,
+    // 2026-11-24: batch 1 -2%, the kernel's cold start in the step is mostly L2
+    // misses). Past 8 sequences only where the grid fits one wave, its shared
+    // memory padded to one CTA per SM: unpadded, the early CTAs of a one-split
+    // grid packed two to an SM on the SMs rope left free (batch 128 / 16k: 43
+    // -> 57 ms per step); padded, on one H100 (2026-11-27, 2k context) batch 16
+    // 15.05 -> 14.9 ms, 32 19.55 -> 19.4, 64 23.1 -> 22.9. Not under profiling,
+    // whose events sit between the kernels.
     const int64_t ctas = (int64_t)m.dec_splits * d.nkv_l * m.n_dec;
-    a.pdl = !e.prof.on && (m.n_dec <= 8 || (GLMRT_DEC_PDL_ONE_PER_SM && ctas <= r.num_sms)) ? 1 : 0;
+    a.pdl = !e.prof.on && (m.n_dec <= 8 || ctas <= r.num_sms) ? 1 : 0;
     a.one_per_sm = a.pdl && m.n_dec > 8 ? 1 : 0;
     KCHECK(glmk::attention_decode(a, r.stream), "layer %d: attention_decode (%d sequences, %d splits)",
            l, m.n_dec, m.dec_splits);
