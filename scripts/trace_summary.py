@@ -4,13 +4,14 @@ trace scripts/kernel_trace.c writes (start_ns,end_ns,stream,graph_node,grid,
 block,smem,regs,name per kernel).
 
 Steps are the runs of kernels between idle gaps of more than 200 us; the last
-whole one is summarised. A kernel launched early (programmatic dependent
+whole one is summarised (--longest: the longest one with a router kernel, e.g.
+a prefill step among decode steps). A kernel launched early (programmatic dependent
 launch) starts while the kernel before runs, so its start-to-end time counts
 that overlap; its "exclusive" time (from the end of the kernel before, or its
 own start if later, to its own end) is its share of the step's critical path,
 and the exclusive times sum to the step's span.
 
-    python3 scripts/trace_summary.py trace.csv
+    python3 scripts/trace_summary.py [--longest] trace.csv
 """
 import collections
 import csv
@@ -39,7 +40,7 @@ def short(name):
     return fn + ("<" + ",".join(args[:3]) + ">" if s.startswith("I") and args else "")
 
 
-def main(path):
+def main(path, longest=False):
     rows = [r for r in csv.DictReader(open(path)) if r["start_ns"]]
     if not rows:
         sys.exit(f"{path}: no kernels recorded")
@@ -47,7 +48,11 @@ def main(path):
     cuts = [i for i in range(1, len(t)) if t[i][0] - max(e for _, e, _, _ in t[max(0, i - 8):i]) > 200_000]
     if len(cuts) < 2:
         sys.exit(f"{path}: fewer than two idle gaps; no whole step to summarise")
-    step = t[cuts[-2]:cuts[-1]]
+    spans = list(zip(cuts, cuts[1:]))
+    if longest:  # among forward steps (a router kernel in them: not weight generation)
+        spans = [ab for ab in spans if any(k[2].startswith("router") for k in t[ab[0]:ab[1]])] or spans
+    a, b = max(spans, key=lambda ab: t[ab[1] - 1][1] - t[ab[0]][0]) if longest else spans[-1]
+    step = t[a:b]
     span = (max(e for _, e, _, _ in step) - step[0][0]) / 1000
     excl, full, cnt = collections.defaultdict(float), collections.defaultdict(float), collections.Counter()
     seq = []
@@ -73,6 +78,9 @@ def main(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: trace_summary.py TRACE.csv")
-    main(sys.argv[1])
+    args = sys.argv[1:]
+    longest = "--longest" in args
+    args = [x for x in args if x != "--longest"]
+    if len(args) != 1:
+        sys.exit("usage: trace_summary.py [--longest] TRACE.csv")
+    main(args[0], longest)
