@@ -900,18 +900,37 @@ cudaError_t dec_prepare(int smem) {
   return cudaSuccess;
 }
 
-template <int S>
-cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, cudaStream_t st) {
-  int smem = kDecWarps * S * kDecStageBytes;
-  if (a.one_per_sm) {
-    // Two CTAs then need more than the SM has (static shared memory and the
-    // per-CTA reservation only add to that).
-    int dev = 0, per_sm = 0;
-    cudaError_t q = cudaGetDevice(&dev);
-    if (q == cudaSuccess) q = cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    if (q != cudaSuccess) return q;
-    smem = std::max(smem, per_sm / 2 + 1024);
+// The current device's SM count and shared memory per SM, asked once per
+// device (the step launches the kernel once per layer).
+struct DecDevice {
+  int sms, smem_per_sm;
+};
+cudaError_t dec_device(DecDevice* d) {
+  static std::atomic<long long> cache[64];  // (sms << 32 | smem_per_sm) + 1; 0: not asked yet
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  long long v = dev >= 0 && dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
+  if (v == 0) {
+    int sms = 0, smem = 0;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+    if (e != cudaSuccess) return e;
+    v = (((long long)sms << 32) | (unsigned)smem) + 1;
+    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
   }
+  --v;
+  d->sms = (int)(v >> 32);
+  d->smem_per_sm = (int)(v & 0xffffffffLL);
+  return cudaSuccess;
+}
+
+template <int S>
+cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DecDevice& dd, cudaStream_t st) {
+  int smem = kDecWarps * S * kDecStageBytes;
+  // Padded, two CTAs need more than the SM has (static shared memory and the
+  // per-CTA reservation only add to that).
+  if (a.one_per_sm) smem = std::max(smem, dd.smem_per_sm / 2 + 1024);
   cudaError_t e = dec_prepare<S>(std::max(smem, kDecWarps * 4 * kDecStageBytes));
   const dim3 grid(a.max_splits, a.n_kv_heads, a.n_seqs);
   return launch_kernel(a.pdl != 0, decode_attn_kernel<S>, grid, dim3(kDecThreads), smem, st, a, p);
@@ -972,18 +991,15 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
     p.go = reinterpret_cast<float*>(base + w.go);
     p.gml = reinterpret_cast<float2*>(base + w.gml);
   }
+  DecDevice dd;
+  const cudaError_t de = dec_device(&dd);
+  if (de != cudaSuccess) return de;
   int stages = tu.stages;
-  if (stages == 0) {
-    int dev = 0, sms = 0;
-    cudaError_t q = cudaGetDevice(&dev);
-    if (q == cudaSuccess) q = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (q != cudaSuccess) return q;
-    stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= sms ? 4 : 3;
-  }
+  if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;
   switch (stages) {
-    case 2: return dec_launch<2>(a, p, st);
-    case 4: return dec_launch<4>(a, p, st);
-    default: return dec_launch<3>(a, p, st);
+    case 2: return dec_launch<2>(a, p, dd, st);
+    case 4: return dec_launch<4>(a, p, dd, st);
+    default: return dec_launch<3>(a, p, dd, st);
   }
 }
 
