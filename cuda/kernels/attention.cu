@@ -250,9 +250,10 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
 // so cp.async stores and ldmatrix reads are conflict-free.
 // At the end the 4 warps' states are merged in shared memory in a fixed order.
 // One split: the normalised row is written directly. Several: each CTA writes
-// its partial (O unnormalised, m, l) to the workspace, __threadfence, counts
-// itself on a per-(sequence, KV head) counter; the CTA that arrives last merges
-// all partials in split order (deterministic) and resets the counter. More
+// its partial (O unnormalised, m, l) to the workspace and counts itself on a
+// per-(sequence, KV head) counter (cta_arrive_last: one release fence); the
+// CTA that arrives last merges all partials in split order (deterministic)
+// and resets the counter. More
 // than direct_max splits merge in two levels (groups of ceil(sqrt(n)) splits,
 // then the groups), which keeps one CTA's serial merge read small.
 //
@@ -406,19 +407,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // result; returns (to every thread) whether this CTA is the expected-th, i.e.
 // the last, to arrive. The last one resets the counter for the next launch.
 __device__ __forceinline__ bool dec_arrive(int* counter, int expected, DecShared& sh) {
-  __threadfence();  // this thread's result stores are visible device-wide before the count
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const int old = atomicAdd(counter, 1);
-    const bool last = old == expected - 1;
-    if (last) {
-      atomicExch(counter, 0);
-      __threadfence();  // the merge's loads below come after the count
-    }
-    sh.flag = last;
-  }
-  __syncthreads();
-  return sh.flag != 0;
+  return cta_arrive_last(counter, expected, true, &sh.flag);
 }
 
 // Merges n partial results (slots o[n][G*128], ml[n][G], contiguous) read
@@ -1379,20 +1368,8 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
         __stcg(reinterpret_cast<float2*>(sp + nd * 8 + 2 * t), make_float2(o[mt][nd][2 * h], o[mt][nd][2 * h + 1]));
       if (t == 0) __stcg(reinterpret_cast<float2*>(sp + kPfD), make_float2(m_r[mt][h], l_r[mt][h]));
     }
-  __threadfence();  // this thread's partial is visible device-wide before the count
-  __syncthreads();
-  if (tid == 0) {
-    int* cnt = static_cast<int*>(a.workspace) + ie.counter * n_kv + kvh;
-    const int old = atomicAdd(cnt, 1);
-    const int last = old == ie.n_splits - 1;
-    if (last) {
-      atomicExch(cnt, 0);  // ready for the next launch
-      __threadfence();     // the merge's loads below come after the count
-    }
-    *flag_s = last;
-  }
-  __syncthreads();
-  if (!*flag_s) return;
+  if (!cta_arrive_last(static_cast<int*>(a.workspace) + ie.counter * n_kv + kvh, ie.n_splits, true, flag_s))
+    return;
   {
     const int n = ie.n_splits;
     const int64_t pstride = (int64_t)n_kv * ROWS * kPfSlotFloats;  // a row's slots of consecutive pieces

@@ -188,6 +188,31 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Split-K style hand-off between the CTAs of a launch: every thread of the CTA
+// has stored its share of a partial result; counts the CTA on *counter and
+// returns (to every thread) whether it arrived last of `expected`. The last
+// one's later loads see every earlier CTA's stores (through L2: ld.cg, or
+// plain loads, the acquire fence invalidating L1), and with reset it sets the
+// counter back to zero for the next launch. One thread fences, after a block
+// barrier: a release fence is cumulative over the stores the barrier ordered
+// before it (the pattern of CUTLASS's split-K semaphore), where a
+// __threadfence() in every thread costs each a MEMBAR.SC.GPU and an L1
+// invalidate. flag: a shared int of the caller's.
+__device__ __forceinline__ bool cta_arrive_last(int* counter, int expected, bool reset, int* flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");  // release: the CTA's stores before the count
+    const bool last = atomicAdd(counter, 1) == expected - 1;
+    if (last) {
+      asm volatile("fence.acq_rel.gpu;" ::: "memory");  // acquire: the others' stores before our loads
+      if (reset) atomicExch(counter, 0);
+    }
+    *flag = last;
+  }
+  __syncthreads();
+  return *flag != 0;
+}
+
 // Asks L2 to fetch [p, p + bytes) from HBM (no registers, no completion to
 // wait for); p 16-byte aligned, bytes a multiple of 16.
 __device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {

@@ -547,18 +547,9 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
       part[((int64_t)ks * T + t0 + m) * E + e_base + j] = v;
     });
   }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int old = atomicAdd(&tile_cnt[tt], 1);
-    s_last = old == sh.n_et * sh.n_ks - 1;
-  }
-  __syncthreads();
-  if (!s_last) return;
+  if (!cta_arrive_last(&tile_cnt[tt], sh.n_et * sh.n_ks, true, &s_last)) return;
 
   // ---- phase 2: this CTA finished the token tile last: selection
-  __threadfence();
-  if (tid == 0) tile_cnt[tt] = 0;
   if (tn > 0) {
     const float* p = part + (int64_t)t0 * E;
     const int64_t stride = (int64_t)T * E;
@@ -574,18 +565,9 @@ __global__ void __launch_bounds__(kRfThreads, 2) router_fused_kernel(RouterFused
     const float* lg = s_lg + m * E;
     route_token<EPL>(r, t, [&](int e) { return lg[e]; });
   }
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) {
-    const int old = atomicAdd(done_cnt, 1);
-    s_last = old == sh.n_tt - 1;
-  }
-  __syncthreads();
-  if (!s_last) return;
+  if (!cta_arrive_last(done_cnt, sh.n_tt, true, &s_last)) return;
 
   // ---- phase 3: every token's ids are written: align
-  __threadfence();
-  if (tid == 0) *done_cnt = 0;
   const int slots = r.slots > 0 ? r.slots : r.top_k + (r.shared_local >= 0 ? 1 : 0);
   align_block<true>(r.ids, T * slots, slots, a.n_groups, a.offsets, a.sorted_rows, a.inv, s_cnt,
                     s_cur);
@@ -730,16 +712,7 @@ __global__ void __launch_bounds__(kRfThreads, 2)
                       s_cur);
   } else {
     int* done_cnt = static_cast<int*>(a.workspace);
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-      const int old = atomicAdd(done_cnt, 1);
-      s_last = old == sh.n_tt - 1;
-    }
-    __syncthreads();
-    if (s_last) {
-      __threadfence();
-      if (tid == 0) *done_cnt = 0;
+    if (cta_arrive_last(done_cnt, sh.n_tt, true, &s_last)) {
       align_block<true>(r.ids, T * slots, slots, a.n_groups, a.offsets, a.sorted_rows, a.inv, s_cnt,
                         s_cur);
     }
