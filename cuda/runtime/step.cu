@@ -697,7 +697,7 @@ bool experts_grouped_tc(const Engine& e, const Meta& m) {
 // Rows a step may have (Meta::policy_rows) for the shared expert to be one
 // more group of the routed experts' tensor-core streaming GEMMs (see
 // shared_dense_mlp).
-constexpr int kSharedGroupedMaxRows = 64;
+constexpr int kSharedGroupedMaxRows = 128;
 
 // Whether the routed experts run through gemm_fp8_stream_tc (a few rows per
 // expert past kStreamMaxRows rows a step, on sm_90): gate|up always, down too
@@ -714,10 +714,13 @@ bool experts_stream_tc(const Engine& e, const Meta& m) {
 // - up to kStreamMaxRows rows, the last group of the grouped streaming GEMM;
 // - from there to kSharedGroupedMaxRows rows, a group of the tensor-core
 //   streaming GEMMs (gate|up and down), whose token tile then holds all its
-//   rows (shared_group_token_tile) so that its weights stream once. A/B on one
-//   H100 (2026-11-27, rank share, 2k context): batch 16 16.5 -> 15.4 ms,
-//   batch 64 24.85 -> 24.2; at 128 and 256 the 128-row tiles made the routed
-//   experts' GEMMs slower than the dense MLP saves (27.3 -> 30.5, 34.0 -> 37.2);
+//   rows up to 64 (shared_group_token_tile), so that its weights stream once,
+//   and half of them past 64 (two tiles, the second read mostly from L2). A/B
+//   on one H100 (2026-11-27, rank share, 2k context): batch 16 16.5 -> 15.4
+//   ms, batch 64 24.85 -> 24.2; with 64-row tiles past 64 rows, batch 80
+//   24.55 -> 24.1, 96 25.5 -> 24.95, 112 26.2 -> 25.6, 128 26.75 -> 26.15, but
+//   160 29.3 -> 29.6, 192 29.8 -> 30.4 and 256 32.5 -> 33.7 (with 128-row
+//   tiles 128 and 256 were slower still: 27.3 -> 30.5, 34.0 -> 37.2);
 // - when the routed experts go through the grouped tensor-core GEMM (prefill),
 //   a group of every token's row there, its m-tiles filling the same launches
 //   (H200, 2k-token prefill: the dense MLP took 50 + 10 + 34 us per layer in
@@ -730,12 +733,14 @@ bool shared_dense_mlp(const Engine& e, const Meta& m) {
 }
 
 // The token tile of the tensor-core streaming expert GEMMs when the shared
-// expert's group (every token's row) is one of theirs: one tile holds it, so
-// its weights stream once; 0 (the kernel's choice, twice the rows an expert
-// typically gets) otherwise.
+// expert's group (every token's row) is one of theirs: up to 64 rows one tile
+// holds it, so its weights stream once, past that 64-row tiles (the kernel's
+// choice, twice the rows an expert typically gets, would cut it into up to 16
+// tiles: batch 96 25.25 -> 26.7 ms, 128 26.6 -> 29.0 on one H100); 0
+// (that choice) otherwise.
 int shared_group_token_tile(const Engine& e, const Meta& m) {
   if (e.ranks[0].shared_local < 0 || !experts_stream_tc(e, m) || shared_dense_mlp(e, m)) return 0;
-  const int p = m.policy_rows;  // <= kSharedGroupedMaxRows (64) here
+  const int p = m.policy_rows;  // <= kSharedGroupedMaxRows here
   return p <= 16 ? 16 : p <= 32 ? 32 : 64;
 }
 

@@ -174,3 +174,86 @@ func argmax(x []float32) int {
 	}
 	return best
 }
+
+// TestBatchedDecodeMatchesAlone checks that a decode step's rows do not
+// depend, beyond rounding, on the batch they share: N single-token sequences
+// (their own tokens, positions and KV blocks) batched together give each the
+// logits it gets alone. The batch sizes cross the runtime's expert paths on
+// the rank 0/8 shapes: the streaming kernels (<= 8 rows), the tensor-core
+// streaming GEMMs with the shared expert as one more group (9-128 rows, its
+// rows in one 16/32/64-row tile up to 64, in two 64-row tiles past that), and
+// the shared expert as a dense MLP beside them (129-256). A row routed to
+// another expert or read from another row's place would be off by far more
+// than the bound; the kernels of different batch sizes only round
+// differently (H100, 2026-11-27: 1.2e-7 within the streaming kernels, 1.6e-2
+// between them and the tensor-core ones, where an FP32 sum's last bits move
+// an FP8 activation across a rounding step).
+
+func TestBatchedDecodeMatchesAlone(t *testing.T) {
+	lib, err := LibraryPath(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := DeviceCount(lib); err != nil || n == 0 {
+		t.Skipf("no CUDA device: %d, %v", n, err)
+	}
+	ctx := context.Background()
+	spec := synth.Spec{Base: "glm-4.7", Rank: 0, Ranks: 8, Layers: 2, DenseLayers: 1, Seed: 1}
+	const maxN, promptLen = 200, 3
+	b, err := OpenSynthetic(ctx, spec, Options{LibPath: lib, KVBlockSize: 16, NumKVBlocks: maxN + 8, MemoryBudget: 8 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	vocab := int32(18944)
+	seq := func(i int, tokens []int32, start int) engine.StepSeq {
+		return engine.StepSeq{SeqID: uint64(i + 1), Tokens: tokens, StartPos: start, BlockTable: []int32{int32(i)}, WantLogits: true}
+	}
+	// Every sequence's prompt, prefilled in one step.
+	var pre []engine.StepSeq
+	for i := 0; i < maxN; i++ {
+		p := make([]int32, promptLen)
+		for j := range p {
+			p[j] = int32((i*7919 + j*104729 + 13) % int(vocab))
+		}
+		pre = append(pre, seq(i, p, 0))
+	}
+	if _, err := b.Step(ctx, &engine.StepBatch{Seqs: pre}); err != nil {
+		t.Fatal(err)
+	}
+	decode := func(i int) engine.StepSeq {
+		return seq(i, []int32{int32((i*31337 + 7) % int(vocab))}, promptLen)
+	}
+	checked := []int{0, 5, 8, 39, 63, 64, 95, 127, 128, 199}
+	alone := map[int][]float32{}
+	for _, i := range checked {
+		res, err := b.Step(ctx, &engine.StepBatch{Seqs: []engine.StepSeq{decode(i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		alone[i] = res[0].Logits
+	}
+	for _, n := range []int{6, 9, 40, 64, 65, 96, 128, 129, 200} {
+		batch := make([]engine.StepSeq, n)
+		for i := range batch {
+			batch[i] = decode(i)
+		}
+		res, err := b.Step(ctx, &engine.StepBatch{Seqs: batch})
+		if err != nil {
+			t.Fatal(err)
+		}
+		worst := 0.0
+		for _, i := range checked {
+			if i >= n {
+				continue
+			}
+			e := relL2(res[i].Logits, alone[i])
+			worst = math.Max(worst, e)
+			if !(e < 5e-2) {
+				t.Errorf("batch %d: sequence %d's logits rel L2 %.3g from its own step (argmax %d vs %d)", n, i, e,
+					argmax(res[i].Logits), argmax(alone[i]))
+			}
+		}
+		t.Logf("batch %d: worst rel L2 to the sequences alone %.3g", n, worst)
+	}
+}
