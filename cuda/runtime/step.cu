@@ -735,7 +735,7 @@ bool shared_dense_mlp(const Engine& e, const Meta& m) {
 // The token tile of the tensor-core streaming expert GEMMs when the shared
 // expert's group (every token's row) is one of theirs: up to 64 rows one tile
 // holds it, so its weights stream once, past that 64-row tiles (the kernel's
-// choice, twice the rows an expert typically gets, would cut it into up to 16
+// choice, twice the rows an expert typically gets, would cut it into up to 8
 // tiles: batch 96 25.25 -> 26.7 ms, 128 26.6 -> 29.0 on one H100); 0
 // (that choice) otherwise.
 int shared_group_token_tile(const Engine& e, const Meta& m) {
