@@ -889,33 +889,8 @@ cudaError_t dec_prepare(int smem) {
   return cudaSuccess;
 }
 
-// The current device's SM count and shared memory per SM, asked once per
-// device (the step launches the kernel once per layer).
-struct DecDevice {
-  int sms, smem_per_sm;
-};
-cudaError_t dec_device(DecDevice* d) {
-  static std::atomic<long long> cache[64];  // (sms << 32 | smem_per_sm) + 1; 0: not asked yet
-  int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  long long v = dev >= 0 && dev < 64 ? cache[dev].load(std::memory_order_relaxed) : 0;
-  if (v == 0) {
-    int sms = 0, smem = 0;
-    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-    if (e != cudaSuccess) return e;
-    v = (((long long)sms << 32) | (unsigned)smem) + 1;
-    if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  }
-  --v;
-  d->sms = (int)(v >> 32);
-  d->smem_per_sm = (int)(v & 0xffffffffLL);
-  return cudaSuccess;
-}
-
 template <int S>
-cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DecDevice& dd, cudaStream_t st) {
+cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, cudaStream_t st) {
   int smem = kDecWarps * S * kDecStageBytes;
   // Padded, two CTAs need more than the SM has (static shared memory and the
   // per-CTA reservation only add to that).
@@ -980,8 +955,10 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
     p.go = reinterpret_cast<float*>(base + w.go);
     p.gml = reinterpret_cast<float2*>(base + w.gml);
   }
-  DecDevice dd;
-  const cudaError_t de = dec_device(&dd);
+  // The SM count and shared memory per SM (asked once per device).
+  DeviceInfo dd;
+  int dev = 0;
+  const cudaError_t de = device_info(dev, dd);
   if (de != cudaSuccess) return de;
   int stages = tu.stages;
   if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;

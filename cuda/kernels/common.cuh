@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include <atomic>
 #include <utility>
 
 #include "kernels.h"
@@ -186,6 +187,49 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Limits of the current device, asked once per device (launch functions run
+// for every layer of every eager step; concurrent first calls store the same
+// values). One cache for the library: an inline function's statics are shared
+// by every file that includes this header.
+struct DeviceInfo {
+  int sms = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0, regs_per_sm = 0;
+  int max_warps = 0, max_blocks = 0, l2_bytes = 0;
+};
+inline cudaError_t device_info(int& dev, DeviceInfo& info) {
+  constexpr int kDevices = 64;
+  static DeviceInfo cached[kDevices];
+  static std::atomic<bool> ready[kDevices];
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= kDevices) return cudaErrorInvalidDevice;
+  if (ready[dev].load(std::memory_order_acquire)) {
+    info = cached[dev];
+    return cudaSuccess;
+  }
+  DeviceInfo d;
+  int threads = 0;
+  const struct {
+    int* v;
+    cudaDeviceAttr a;
+  } attrs[] = {{&d.sms, cudaDevAttrMultiProcessorCount},
+               {&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
+               {&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
+               {&d.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock},
+               {&d.regs_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor},
+               {&threads, cudaDevAttrMaxThreadsPerMultiProcessor},
+               {&d.max_blocks, cudaDevAttrMaxBlocksPerMultiprocessor},
+               {&d.l2_bytes, cudaDevAttrL2CacheSize}};
+  for (const auto& at : attrs) {
+    e = cudaDeviceGetAttribute(at.v, at.a, dev);
+    if (e != cudaSuccess) return e;
+  }
+  d.max_warps = threads / 32;
+  cached[dev] = d;
+  ready[dev].store(true, std::memory_order_release);
+  info = d;
+  return cudaSuccess;
 }
 
 // Split-K style hand-off between the CTAs of a launch: every thread of the CTA

@@ -616,47 +616,7 @@ constexpr int kStreamKernels = kStreamShapes * 3;
 // runs before griddepcontrol.wait (the rest of the slice streams as usual).
 constexpr int kPdlL2Share = 2;  // 1/2
 
-struct DeviceInfo {
-  int sms = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0, regs_per_sm = 0;
-  int max_warps = 0, max_blocks = 0, l2_bytes = 0;
-};
-DeviceInfo g_dev_info[kMaxDevices];
-std::atomic<bool> g_dev_ready[kMaxDevices];
 std::atomic<int> g_kernel_regs[kMaxDevices][kStreamKernels];  // 0: attributes not set yet
-
-// Limits of the current device (cached: a decode step launches this kernel
-// hundreds of times; concurrent first calls store the same values).
-cudaError_t device_info(int& dev, DeviceInfo& info) {
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e != cudaSuccess) return e;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  if (g_dev_ready[dev].load(std::memory_order_acquire)) {
-    info = g_dev_info[dev];
-    return cudaSuccess;
-  }
-  DeviceInfo d;
-  int threads = 0;
-  const struct {
-    int* v;
-    cudaDeviceAttr a;
-  } attrs[] = {{&d.sms, cudaDevAttrMultiProcessorCount},
-               {&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
-               {&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
-               {&d.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock},
-               {&d.regs_per_sm, cudaDevAttrMaxRegistersPerMultiprocessor},
-               {&threads, cudaDevAttrMaxThreadsPerMultiProcessor},
-               {&d.max_blocks, cudaDevAttrMaxBlocksPerMultiprocessor},
-               {&d.l2_bytes, cudaDevAttrL2CacheSize}};
-  for (const auto& at : attrs) {
-    e = cudaDeviceGetAttribute(at.v, at.a, dev);
-    if (e != cudaSuccess) return e;
-  }
-  d.max_warps = threads / 32;
-  g_dev_info[dev] = d;
-  g_dev_ready[dev].store(true, std::memory_order_release);
-  info = d;
-  return cudaSuccess;
-}
 
 // Blocks of `warps` warps with `smem` dynamic shared bytes that fit on one SM.
 int blocks_per_sm(const DeviceInfo& d, int warps, int regs, size_t smem) {
