@@ -600,7 +600,10 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 // per SM), striding over the (m-tile, n-tile) list in raster order, so the
 // producer loads the next tile's first stages during a tile's last chains and
 // epilogue. setmaxnreg gives the producer's registers to the consumers
-// (128 x 40 + 256 x 232 = 384 x 168).
+// (128 x 72 + 256 x 216 = 384 x 168). The producer needs ~72: at 40 (the
+// consumers at 232) ptxas kept its eight gathered row indices and addresses in
+// local memory, ~8 spill loads a thread per stage (ncu: 1.2 M local requests
+// in a 2k prefill's gate|up), and the consumers' chains fit 216 unspilled.
 //
 // Measured (H200, GLM shapes): W128x256 is 12-30% faster than F128x256 from
 // 2048 to 16384 rows (gate|up 2048: 0.112 vs 0.129 ms; 16384: 0.571 vs 0.748).
@@ -624,7 +627,7 @@ struct WsConfig {
   static constexpr int BAR_BYTES = 16 * STAGES;     // full[STAGES], empty[STAGES]
   static constexpr int SCALE_FLOATS = 64 + 2 * BN;  // per consumer: x scales, w scales, bias
   static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + BAR_BYTES + CONSUMERS * SCALE_FLOATS * 4;
-  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  static constexpr int PRODUCER_REGS = 72, CONSUMER_REGS = 216;
   static_assert(BN == 128 || BN == 256, "consumer tile: chains of m64n128k32");
   static_assert(BN <= 256, "TMA box rows");
   static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 128 * CONSUMERS <= 65536 / THREADS / 8 * 8 * THREADS,

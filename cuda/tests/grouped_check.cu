@@ -1,7 +1,7 @@
 // grouped_check — correctness and speed of gemm_fp8_grouped_tc (gemm_grouped.cu),
 // the tensor-core grouped FP8 GEMM for MoE prefill.
 //
-//   grouped_check [--seed N] [--bench] [--bench-only] [--sweep] [--profile]
+//   grouped_check [--seed N] [--bench] [--bench-only] [--sweep] [--profile | --profile-at P]
 //
 // Correctness: random FP8 inputs (any finite E4M3 code), a float64 CPU
 // reference computed from the same bytes (fp8_dec), relative L2 error per
@@ -35,7 +35,9 @@
 // the weights rotate over copies (>= 200 MB in all) so L2
 // never holds them. The "M+sh" points add the shared expert as a 21st group
 // of all M rows, as the runtime's prefill steps run it. --sweep: also every launch shape and panel per point.
-// --profile: one launch of the main variants at M = 2048 and nothing else (for ncu).
+// --profile: one launch of the main variants at M = 2048 and nothing else (for ncu);
+// --profile-at P: the same at bench point P (0-5: M = 512 .. 16384 routed rows;
+// 6-8: 2048, 8192, 16384 routed rows + the shared expert's).
 #include <numeric>
 #include <thread>
 
@@ -444,7 +446,7 @@ static __global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
   }
 }
 
-static void bench(bool sweep, bool profile) {
+static void bench(bool sweep, bool profile, int profile_point) {
   // E routed experts, plus (the "+sh" rows) the shared expert as group E with
   // a row for every token, as the runtime runs prefill steps.
   const int E = 20, H = 5120, I = 1536, MMAX = 16384;
@@ -477,7 +479,7 @@ static void bench(bool sweep, bool profile) {
     for (int point = 0; point < 9; ++point) {
       const int M = kPointRows[point];
       const bool shared = point >= 6;
-      if (profile && (M != 2048 || shared)) continue;
+      if (profile && point != profile_point) continue;
       const int G = shared ? E + 1 : E;
       std::vector<int> cnt(G, 0);
       for (int r = 0; r < M; ++r) ++cnt[randi(0, E - 1)];
@@ -567,14 +569,22 @@ static void bench(bool sweep, bool profile) {
 int main(int argc, char** argv) {
   uint64_t seed = 0x5eed;
   bool do_bench = false, only_bench = false, sweep = false, profile = false;
+  int profile_point = 2;  // M = 2048 routed rows
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
     else if (!strcmp(argv[i], "--sweep")) do_bench = sweep = true;
     else if (!strcmp(argv[i], "--profile")) do_bench = only_bench = profile = true;
-    else {
-      fprintf(stderr, "usage: grouped_check [--seed N] [--bench] [--bench-only] [--sweep] [--profile]\n");
+    else if (!strcmp(argv[i], "--profile-at") && i + 1 < argc) {
+      do_bench = only_bench = profile = true;
+      profile_point = atoi(argv[++i]);
+      if (profile_point < 0 || profile_point > 8) {
+        fprintf(stderr, "grouped_check: --profile-at takes a bench point 0-8, got %d\n", profile_point);
+        return 2;
+      }
+    } else {
+      fprintf(stderr, "usage: grouped_check [--seed N] [--bench] [--bench-only] [--sweep] [--profile | --profile-at P]\n");
       return 2;
     }
   }
@@ -591,7 +601,7 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
   }
   const int fails = failed_checks();
-  if (do_bench) bench(sweep, profile);
+  if (do_bench) bench(sweep, profile, profile_point);
   if (!only_bench) {
     print_table("rel.err");
     print_summary("grouped_check", fails);
