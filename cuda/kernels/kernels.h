@@ -60,6 +60,9 @@ struct AddNormArgs {
   __nv_bfloat16* out_bf16 = nullptr;
   uint8_t* out_q = nullptr;
   float* out_scale = nullptr;
+  // out_rstd[i] = 1/sqrt(mean(h[src]^2) + eps), the factor y is computed with
+  // (optional): router_logits_normed recomputes y from h and it.
+  float* out_rstd = nullptr;
   // With delta: normalise h + delta without storing the sum back into h (the
   // MTP head, whose row_index may name one row several times).
   bool keep_h = false;
@@ -637,6 +640,17 @@ struct RouterFusedArgs {
 bool router_fused_supported(int T, int E, int H);
 size_t router_fused_workspace_bytes(int T, int E);
 cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st);
+
+// Router logits for prefill-sized batches (past router_fused), from the
+// residual rows instead of the normed rows: logits[t, e] = sum_k y[t, k] W[e, k]
+// (FP32 FMAs, a fixed order) with y[t, k] = norm_w[k] * (h[t, k] * rstd[t]),
+// the very floats add_rmsnorm writes as out_f32 (rstd: its out_rstd; h as it
+// left it, no row_index), so that norm need not write them: at a 2k-token
+// prefill step that is 42 MB written and read again per MoE layer. E <= 32,
+// H % 4 == 0, h / norm_w / W 16-byte aligned.
+bool router_logits_normed_supported(int E, int H);
+cudaError_t router_logits_normed(const float* h, const float* norm_w, const float* rstd, const float* W,
+                                 float* logits, int T, int E, int H, cudaStream_t st);
 
 // Sort (token, slot) pairs by local expert: offsets[G+1], sorted_rows[pos] =
 // token, inv[t*slots+j] = pos (or -1 for non-local slots). One block.

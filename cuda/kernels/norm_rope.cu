@@ -28,6 +28,7 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
   }
   ss = block_reduce(ss, scratch, SumOp());
   const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
+  if (a.out_rstd && threadIdx.x == 0) a.out_rstd[i] = r;
   // keep_h: the sum is recomputed (h was not written).
   auto hv = [&](int c) { return (d && a.keep_h) ? h[c] + d[c] : h[c]; };
   float amax = 0.f;
@@ -77,6 +78,7 @@ __device__ __forceinline__ void norm_row_tail(const AddNormArgs& a, int i, float
   }
   ss = block_reduce(ss, scratch, SumOp());
   const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
+  if (a.out_rstd && tid == 0) a.out_rstd[i] = r;
   float amax = 0.f;
   const int64_t orow = (int64_t)i * a.hidden;
 #pragma unroll

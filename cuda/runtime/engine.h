@@ -109,6 +109,7 @@ struct Rank {
 
   // workspaces (sized for max tokens / seqs at create)
   float *h = nullptr, *delta = nullptr, *xf = nullptr;
+  float* rstd = nullptr;  // the post-attention norm's 1/rms per row (router_logits_normed)
   uint8_t* xq = nullptr;
   float* xs = nullptr;
   float *qkv = nullptr, *q = nullptr, *attn = nullptr;

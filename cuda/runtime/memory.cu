@@ -281,6 +281,7 @@ int alloc_workspaces(Engine& e, Rank& r) {
   GLMRT_TRY(A(&r.h, T * d.H, "residual stream"));
   GLMRT_TRY(A(&r.delta, T * d.H, "sub-layer output"));
   if (!e.exact) GLMRT_TRY(A(&r.xf, T * d.H, "normed activations (router input)"));
+  if (!e.exact && d.E > 0) GLMRT_TRY(A(&r.rstd, T, "post-attention norm factors (router input)"));
   GLMRT_TRY(A(&r.xq, T * max_k, "FP8 activations"));
   GLMRT_TRY(A(&r.xs, T, "activation scales"));
   GLMRT_TRY(A(&r.qkv, T * d.qkv_rows, "q|k|v outputs"));

@@ -930,7 +930,14 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     n.out_q = r.xq;
     n.out_scale = r.xs;
   }
-  n.out_f32 = (L.moe || e.exact) ? r.xf : nullptr;
+  // Past router_fused's sizes (prefill steps) the router's logits come from
+  // the residual rows and the norm's per-row factors (router_logits_normed):
+  // the norm's FP32 output rows are not written and read back.
+  const bool fused_router = L.moe && !e.exact && glmk::router_fused_supported(m.policy_rows, d.E, d.H);
+  const bool router_from_h = L.moe && !e.exact && !fused_router && r.rstd &&
+                             glmk::router_logits_normed_supported(d.E, d.H);
+  n.out_f32 = ((L.moe && !router_from_h) || e.exact) ? r.xf : nullptr;
+  n.out_rstd = router_from_h ? r.rstd : nullptr;
   KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: post-attention add_rmsnorm", l);
   PROF(GLMRT_PROF_NORM);
   const float* xf_in = e.exact ? r.xf : nullptr;
@@ -977,7 +984,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   ra.ids = r.topk_ids;
   ra.w = r.topk_w;
   ra.n_valid = m.graph ? at<int>(r.meta, m.rm.n_valid) : nullptr;
-  if (!e.exact && glmk::router_fused_supported(m.policy_rows, d.E, d.H)) {
+  if (fused_router) {
     glmk::RouterFusedArgs rf;
     rf.sel = ra;
     rf.x = r.xf;
@@ -990,8 +997,14 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     rf.workspace = r.router_ws;
     KCHECK(glmk::router_fused(rf, r.stream), "layer %d: router_fused", l);
   } else {
-    std::string err = glmk::gemm_f32_nt(r.cublas, r.xf, L.router, r.router_logits, T, d.E, d.H, r.stream);
-    if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d router: %s", r.device, l, err.c_str());
+    if (router_from_h) {
+      KCHECK(glmk::router_logits_normed(r.h, L.post_norm, r.rstd, L.router, r.router_logits, T, d.E, d.H,
+                                        r.stream),
+             "layer %d: router_logits_normed", l);
+    } else {
+      std::string err = glmk::gemm_f32_nt(r.cublas, r.xf, L.router, r.router_logits, T, d.E, d.H, r.stream);
+      if (!err.empty()) return fail(GLMRT_ERR_CUDA, "GPU %d: layer %d router: %s", r.device, l, err.c_str());
+    }
     KCHECK(glmk::router_topk(ra, r.stream), "layer %d: router_topk", l);
     KCHECK(glmk::moe_align(r.topk_ids, T, d.slots, r.groups, r.offsets, r.sorted_rows, r.inv, r.stream),
            "layer %d: moe_align", l);

@@ -1,6 +1,7 @@
 // small_check — correctness and speed of the small decode kernels of
 // cuda/kernels (norm_rope.cu, moe.cu, quant.cu, embed.cu, speculative.cu):
-// add_rmsnorm, qk_norm_rope_kv_write, router_topk / router_fused / moe_align,
+// add_rmsnorm, qk_norm_rope_kv_write, router_topk / router_fused /
+// router_logits_normed / moe_align,
 // moe_combine, quant_rows_fp8, silu_mul_quant_fp8, embed_gather,
 // spec_chain_rows.
 //
@@ -1316,6 +1317,91 @@ static void check_router_fused(cublasHandle_t cb) {
 // H100 / H200) and capped at the portable 8; the cluster form also against
 // the float64 reference. One workspace for all, its counters checked zero at
 // the end (both forms' counters: the last-CTA form uses the per-tile ones).
+// router_logits_normed: the post-attention norm writes its per-row factor
+// (out_rstd) instead of its FP32 rows, and the logits are rebuilt from h. The
+// factor must reproduce the norm's out_f32 bit for bit (y = w * (h * rstd)),
+// the logits must match a float64 sum over those rows (and cuBLAS's SGEMM on
+// them, the path they replace) to FP32 rounding, rows past T stay untouched,
+// and bad arguments are refused.
+static void check_router_logits_normed(cublasHandle_t cb) {
+  const float eps = 1e-5f;
+  struct Case {
+    int T, E, H;
+  };
+  for (const Case c : {Case{1, 20, 5120}, Case{17, 20, 5120}, Case{300, 20, 5120}, Case{2048, 20, 5120},
+                       Case{33, 32, 5120}, Case{16, 8, 5120}, Case{5, 1, 132}, Case{40, 17, 4100},
+                       Case{64, 24, 128}}) {
+    const int T = c.T, E = c.E, H = c.H;
+    std::vector<float> h((size_t)T * H), w(H), W((size_t)E * H);
+    for (int r = 0; r < T; ++r) {
+      const float mag = std::pow(10.f, randu(-2, 2));
+      for (int k = 0; k < H; ++k) h[(size_t)r * H + k] = randn() * mag;
+    }
+    for (auto& v : w) v = bf16_round(randu(0.5f, 1.5f));
+    for (auto& v : W) v = bf16_round(randn() * 0.02f);
+    Dev<float> dh(h), dw(w), dW(W), dy((size_t)T * H), drs(T), dlog((size_t)(T + 1) * E), dref((size_t)T * E);
+    Dev<uint8_t> dq((size_t)T * H);
+    Dev<float> ds(T);
+    AddNormArgs a;
+    a.h = dh.p;
+    a.weight = dw.p;
+    a.rows = T;
+    a.hidden = H;
+    a.eps = eps;
+    a.out_f32 = dy.p;
+    a.out_q = dq.p;
+    a.out_scale = ds.p;
+    a.out_rstd = drs.p;
+    drs.poison();
+    dlog.poison();
+    CK(add_rmsnorm(a, 0));
+    CK(router_logits_normed(dh.p, dw.p, drs.p, dW.p, dlog.p, T, E, H, 0));
+    const std::string e = gemm_f32_nt(cb, dy.p, dW.p, dref.p, T, E, H, 0);
+    if (!e.empty()) {
+      report("router_logits_normed", fmt("T=%d E=%d H=%d: cuBLAS %s", T, E, H, e.c_str()), 1, 0);
+      continue;
+    }
+    CK(cudaDeviceSynchronize());
+    const auto gy = dy.down(), grs = drs.down(), gl = dlog.down(), gr = dref.down();
+    size_t bad_y = 0;
+    for (int r = 0; r < T; ++r)
+      for (int k = 0; k < H; ++k) {
+        const float y = w[k] * (h[(size_t)r * H + k] * grs[r]);
+        bad_y += fbits(y) != fbits(gy[(size_t)r * H + k]);
+      }
+    report_exact("add_rmsnorm out_rstd", fmt("T=%d H=%d: rows w*(h*rstd) != out_f32: %zu", T, H, bad_y), bad_y);
+    // |logit - float64 sum| against the sum of |terms| (the FP32 rounding scale).
+    double worst = 0, worst_blas = 0;
+    for (int r = 0; r < T; ++r)
+      for (int e2 = 0; e2 < E; ++e2) {
+        double ref = 0, mag = 0;
+        for (int k = 0; k < H; ++k) {
+          const double t = (double)gy[(size_t)r * H + k] * W[(size_t)e2 * H + k];
+          ref += t;
+          mag += std::fabs(t);
+        }
+        const double got = gl[(size_t)r * E + e2];
+        worst = std::max(worst, std::isfinite(got) ? std::fabs(got - ref) / (mag + 1e-30) : INFINITY);
+        worst_blas = std::max(worst_blas, std::fabs((double)gr[(size_t)r * E + e2] - ref) / (mag + 1e-30));
+      }
+    size_t untouched = 0;
+    for (int e2 = 0; e2 < E; ++e2) untouched += fbits(gl[(size_t)T * E + e2]) == 0xffffffffu;
+    report("router_logits_normed", fmt("T=%d E=%d H=%d vs f64 (cuBLAS %.1e), row T kept %zu/%d", T, E, H,
+                                       worst_blas, untouched, E),
+           untouched == (size_t)E ? worst : INFINITY, 2e-6);
+  }
+  // Refusals: E past 32, H not a multiple of 4, misaligned rows.
+  Dev<float> buf(64 * 1024);
+  const bool refused = router_logits_normed(buf.p, buf.p, buf.p, buf.p, buf.p, 4, 33, 128, 0) ==
+                           cudaErrorInvalidValue &&
+                       router_logits_normed(buf.p, buf.p, buf.p, buf.p, buf.p, 4, 8, 130, 0) ==
+                           cudaErrorInvalidValue &&
+                       router_logits_normed(buf.p + 1, buf.p, buf.p, buf.p, buf.p, 4, 8, 128, 0) ==
+                           cudaErrorInvalidValue &&
+                       router_logits_normed(buf.p, buf.p, buf.p, buf.p, buf.p, 0, 8, 128, 0) == cudaSuccess;
+  report_exact("router_logits_normed refusals", "E=33, H=130, misaligned h refused; T=0 a no-op", !refused);
+}
+
 static void check_router_fused_forms() {
   int cc_major = 0;
   CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
@@ -2020,6 +2106,57 @@ static void bench(cublasHandle_t cb) {
       fflush(stdout);
     }
   }
+  // Prefill sizes: the post-attention norm (FP8 rows + FP32 rows) and the
+  // SGEMM router logits against the norm writing its per-row factors and
+  // router_logits_normed reading the residual rows; three copies of the rows
+  // rotate so L2 does not hold them (42 MB each at T = 2048).
+  for (int T : {512, 2048, 8192}) {
+    const int E = 20, copies = 3;
+    const size_t n = (size_t)T * H;
+    Dev<float> hh(n * copies), yf(n), lw((size_t)E * H), lg((size_t)T * E), rs(T), scl(T);
+    Dev<uint8_t> qq(n);
+    {
+      std::vector<float> v(n * copies);
+      for (auto& x : v) x = randn();
+      hh.up(v);
+      std::vector<float> w((size_t)E * H);
+      for (auto& x : w) x = bf16_round(randn() * 0.02f);
+      lw.up(w);
+    }
+    auto norm_args = [&](int i, bool rstd) {
+      AddNormArgs a;
+      a.h = hh.p + (size_t)(i % copies) * n;
+      a.weight = wn.p;
+      a.rows = T;
+      a.hidden = H;
+      a.out_q = qq.p;
+      a.out_scale = scl.p;
+      if (rstd) a.out_rstd = rs.p;
+      else a.out_f32 = yf.p;
+      return a;
+    };
+    const float t_old = graph_replay_ms(
+                            [&](int i, cudaStream_t s) {
+                              CK(add_rmsnorm(norm_args(i, false), s));
+                              CKS(gemm_f32_nt(cb, yf.p, lw.p, lg.p, T, E, H, s));
+                            },
+                            20, 11, 3, 3) *
+                        1000.f / 20;
+    const float t_new = graph_replay_ms(
+                            [&](int i, cudaStream_t s) {
+                              const AddNormArgs a = norm_args(i, true);
+                              CK(add_rmsnorm(a, s));
+                              CK(router_logits_normed(a.h, wn.p, rs.p, lw.p, lg.p, T, E, H, s));
+                            },
+                            20, 11, 3, 3) *
+                        1000.f / 20;
+    const float t_norm = graph_replay_ms([&](int i, cudaStream_t s) { CK(add_rmsnorm(norm_args(i, true), s)); },
+                                         20, 11, 3, 3) *
+                         1000.f / 20;
+    printf("%-44s T=%-4d norm(fp8+f32)+SGEMM %8.2f us   norm(fp8+rstd)+logits %8.2f us (norm alone %6.2f)   x%.2f\n",
+           "prefill router E=20 H=5120", T, t_old, t_new, t_norm, t_old / t_new);
+    fflush(stdout);
+  }
 }
 
 // ------------------------------------------------------------ spec_chain_rows
@@ -2117,6 +2254,7 @@ int main(int argc, char** argv) {
     check_router_topk();
     check_router_fused(cb);
     check_router_fused_forms();
+    check_router_logits_normed(cb);
     check_quant_prev();
     check_combine_prev();
     check_combine_norm();
