@@ -699,6 +699,10 @@ bool experts_grouped_tc(const Engine& e, const Meta& m) {
 // shared_dense_mlp).
 constexpr int kSharedGroupedMaxRows = 128;
 
+// Rows a step needs for the MoE router's logits to come from the residual
+// rows (router_logits_normed, see mlp_block) rather than cuBLAS's SGEMM.
+constexpr int kRouterFromHMinRows = 1536;
+
 // Whether the routed experts run through gemm_fp8_stream_tc (a few rows per
 // expert past kStreamMaxRows rows a step, on sm_90): gate|up always, down too
 // when the shared expert is one of their groups.
@@ -930,11 +934,15 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     n.out_q = r.xq;
     n.out_scale = r.xs;
   }
-  // Past router_fused's sizes (prefill steps) the router's logits come from
-  // the residual rows and the norm's per-row factors (router_logits_normed):
-  // the norm's FP32 output rows are not written and read back.
+  // From kRouterFromHMinRows rows (prefill steps) the router's logits come
+  // from the residual rows and the norm's per-row factors
+  // (router_logits_normed): the norm's FP32 output rows are not written and
+  // read back. Below that its CTAs (16 rows each, ~30 us apiece on an H100)
+  // are too few: norm + logits at 512 rows 36.9 us against 30.8 with the
+  // FP32 rows and cuBLAS's SGEMM, at 2,048 62.7 against 73.1 (small_check).
   const bool fused_router = L.moe && !e.exact && glmk::router_fused_supported(m.policy_rows, d.E, d.H);
   const bool router_from_h = L.moe && !e.exact && !fused_router && r.rstd &&
+                             m.policy_rows >= kRouterFromHMinRows &&
                              glmk::router_logits_normed_supported(d.E, d.H);
   n.out_f32 = ((L.moe && !router_from_h) || e.exact) ? r.xf : nullptr;
   n.out_rstd = router_from_h ? r.rstd : nullptr;
