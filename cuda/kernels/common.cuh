@@ -194,7 +194,7 @@ __device__ __forceinline__ void pdl_wait() {
 // values). One cache for the library: an inline function's statics are shared
 // by every file that includes this header.
 struct DeviceInfo {
-  int sms = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0, regs_per_sm = 0;
+  int major = 0, sms = 0, smem_optin = 0, smem_per_sm = 0, smem_reserved = 0, regs_per_sm = 0;
   int max_warps = 0, max_blocks = 0, l2_bytes = 0;
 };
 inline cudaError_t device_info(int& dev, DeviceInfo& info) {
@@ -213,7 +213,8 @@ inline cudaError_t device_info(int& dev, DeviceInfo& info) {
   const struct {
     int* v;
     cudaDeviceAttr a;
-  } attrs[] = {{&d.sms, cudaDevAttrMultiProcessorCount},
+  } attrs[] = {{&d.major, cudaDevAttrComputeCapabilityMajor},
+               {&d.sms, cudaDevAttrMultiProcessorCount},
                {&d.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin},
                {&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor},
                {&d.smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock},

@@ -837,18 +837,18 @@ cudaError_t launch_grouped(const StreamGemmArgs& a, __nv_bfloat16* y16, int pane
 
 template <class C>
 cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, cudaStream_t st) {
-  static std::atomic<int> sms[kMaxDevices];  // SM count once the smem limit is raised
+  static std::atomic<bool> ready[kMaxDevices];  // the smem limit raised
   int dev = 0;
-  cudaError_t e = cudaGetDevice(&dev);
+  DeviceInfo di;
+  cudaError_t e = device_info(dev, di);
   if (e != cudaSuccess) return e;
-  if (dev < 0 || dev >= kMaxDevices) return cudaErrorInvalidDevice;
-  int num_sms = sms[dev].load(std::memory_order_acquire);
-  if (num_sms == 0) {
+  if (dev >= kMaxDevices) return cudaErrorInvalidDevice;
+  if (!ready[dev].load(std::memory_order_acquire)) {
     e = cudaFuncSetAttribute(grouped_ws_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, C::SMEM);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess) return e;
-    sms[dev].store(num_sms, std::memory_order_release);
+    ready[dev].store(true, std::memory_order_release);
   }
+  const int num_sms = di.sms;
   // A box is one stage of one n-tile (BN rows x 128 bytes); rows of a box
   // past N (a partial n-tile) only reach channels that are never stored.
   CUtensorMap map;
@@ -889,12 +889,12 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
   if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y == !y16 || a.ldy < a.N || a.ldy % 2 != 0 ||
       !is_aligned(a.W, 16) || !is_aligned(a.X, 16) || !is_aligned(a.Y, 8) || !is_aligned(y16, 4))
     return cudaErrorInvalidValue;
-  int dev = 0, major = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+  int dev = 0;
+  DeviceInfo di;
+  const cudaError_t e = device_info(dev, di);
   if (e != cudaSuccess) return e;
   // wgmma exists on sm_90 only (this file builds it for the sm_90a target).
-  const bool wgmma = major == 9;
+  const bool wgmma = di.major == 9;
   int tile = tu.tile;
   if (tile == kGroupedTcAuto) {
     // From grouped_check --sweep on an H200 (GLM-4.7 rank shapes, 20 experts):

@@ -422,12 +422,12 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y || a.ldy < a.N || !is_aligned(a.W, 16) || !is_aligned(a.X, 16) ||
       (ws.partial_floats > 0 && (!ws.partials || !is_aligned(ws.partials, 16))) || (ws.n_counters > 0 && !ws.counters))
     return cudaErrorInvalidValue;
-  int dev = 0, major = 0, sms = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  int dev = 0;
+  DeviceInfo di;
+  const cudaError_t e = device_info(dev, di);
   if (e != cudaSuccess) return e;
-  if (major != 9) return cudaErrorNotSupported;  // wgmma: sm_90 only
+  if (di.major != 9) return cudaErrorNotSupported;  // wgmma: sm_90 only
+  const int sms = di.sms;
   const int nt = tu.token_tile > 0 ? tu.token_tile : gemm_fp8_stream_tc_token_tile(a);
   switch (nt) {
     case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, sms, st);

@@ -722,16 +722,9 @@ __global__ void __launch_bounds__(kRfThreads, 2)
 }
 
 int rf_num_sms() {
-  static int cached[64];
   int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  if (cached[dev] <= 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0)
-      n = 132;
-    cached[dev] = n;
-  }
-  return cached[dev];
+  DeviceInfo di;
+  return device_info(dev, di) == cudaSuccess && di.sms > 0 ? di.sms : 132;
 }
 
 // max_tile_ctas > 0: at most that many CTAs per token tile (n_et * n_ks), the
