@@ -662,6 +662,45 @@ cudaError_t moe_align(const int* ids, int T, int slots, int n_groups, int* offse
 cudaError_t moe_combine(const float* y, const int* inv, const float* w, int T, int slots, int H,
                         float* delta, cudaStream_t st, const float* add = nullptr);
 
+// ------------------------------------------------------------ moe_decode.cu
+// The MoE half of a one-token decode layer on one GPU in one launch (one CTA
+// per SM, cooperative): h += delta; x = RMSNorm(h) (FP32 for the router, FP8
+// for the experts); the router (logits in FP32, router_topk's selection,
+// sel.ids / sel.w written if set, offsets if set); for every slot whose
+// expert is on this GPU (the shared expert at slot top_k) gate|up, SiLU·up,
+// the activations to FP8 per slot, down; h += sum over those slots, in slot
+// order, of w * y; then the next layer's input norm of h into out_q /
+// out_scale (FP8). What add_rmsnorm + router_fused + the grouped streaming
+// GEMMs + silu_mul_quant_fp8 + combine_add_rmsnorm compute, to FP32 rounding
+// (other summation orders; a routing can differ from theirs only at a
+// near-tie of two logits). Expert weights [groups][2*MI][H] / [groups][H][MI]
+// with per-row scales; router W [E][H] FP32. workspace:
+// moe_decode_t1_workspace_bytes, zeroed once after allocation (each launch
+// leaves it so). cudaErrorNotSupported where the device cannot hold one CTA
+// per SM of it or has fewer SMs than H / 128.
+struct MoeT1Args {
+  float* h = nullptr;             // [H] residual row (updated)
+  const float* delta = nullptr;   // [H] o_proj's output, added first (optional)
+  const float* post_norm = nullptr;
+  float eps = 1e-5f;
+  int H = 0, MI = 0;
+  const float* router_W = nullptr;
+  RouterArgs sel;  // T = 1; logits and n_valid unused
+  const uint8_t* e_gu = nullptr;
+  const float* e_gu_scale = nullptr;
+  const uint8_t* e_down = nullptr;
+  const float* e_down_scale = nullptr;
+  int n_groups = 0;
+  int* offsets = nullptr;         // [n_groups + 1] (optional; moe_align's)
+  const float* next_norm = nullptr;
+  uint8_t* out_q = nullptr;       // [H]
+  float* out_scale = nullptr;     // [1]
+  void* workspace = nullptr;
+};
+bool moe_decode_t1_supported(int H, int MI, int E, int slots);
+size_t moe_decode_t1_workspace_bytes(int H, int MI, int E, int slots);
+cudaError_t moe_decode_t1(const MoeT1Args& a, cudaStream_t st);
+
 // ---------------------------------------------------------------- embed.cu
 // h[t, :] = float(table[ids[t], :])
 cudaError_t embed_gather(const __nv_bfloat16* table, const int* ids, int T, int H, float* h,

@@ -353,6 +353,11 @@ int alloc_workspaces(Engine& e, Rank& r) {
     e.router_ws_bytes = glmk::router_fused_workspace_bytes(e.max_tokens, d.E);
     GLMRT_TRY(A((unsigned char**)&r.router_ws, e.router_ws_bytes, "router workspace"));
     GLMRT_CUDA(cudaMemset(r.router_ws, 0, e.router_ws_bytes), "zero the router workspace");
+    if (glmk::moe_decode_t1_supported(d.H, d.MI, d.E, d.slots)) {
+      const size_t b = glmk::moe_decode_t1_workspace_bytes(d.H, d.MI, d.E, d.slots);
+      GLMRT_TRY(A((unsigned char**)&r.moe_t1_ws, b, "one-token MoE layer workspace"));
+      GLMRT_CUDA(cudaMemset(r.moe_t1_ws, 0, b), "zero the one-token MoE layer workspace");
+    }
   }
   // cuBLAS gets its workspace from us, so that it allocates nothing while a
   // step is captured into a CUDA graph.

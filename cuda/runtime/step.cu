@@ -919,10 +919,72 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   return GLMRT_OK;
 }
 
+// The router's selection arguments of MoE layer l for T rows (shared_dense:
+// the shared expert runs apart, its slot left empty).
+glmk::RouterArgs router_args(const Engine& e, const Rank& r, int l, const Meta& m, int T, bool shared_dense) {
+  const Dims& d = e.d;
+  glmk::RouterArgs ra;
+  ra.logits = r.router_logits;
+  ra.bias = r.layers[l].router_bias;
+  ra.T = T;
+  ra.E = d.E;
+  ra.top_k = d.K;
+  ra.n_group = e.cfg.n_group;
+  ra.topk_group = e.cfg.topk_group;
+  ra.norm_topk = e.cfg.norm_topk_prob;
+  ra.scale = e.cfg.routed_scaling_factor;
+  ra.expert_begin = r.expert_begin;
+  ra.n_local = r.n_local_experts;
+  ra.shared_local = shared_dense ? -1 : r.shared_local;
+  ra.slots = d.slots;
+  ra.ids = r.topk_ids;
+  ra.w = r.topk_w;
+  ra.n_valid = m.graph ? at<int>(r.meta, m.rm.n_valid) : nullptr;
+  return ra;
+}
+
+// Whether MoE layer l of this step runs as one moe_decode_t1 launch (post-
+// attention norm, router, experts, SiLU, combine and the next layer's input
+// norm; kernels.h): one token on one GPU on the FP8 path, where the layer's
+// combine feeds the next layer's norm. At batch 1 those were seven launches.
+bool moe_one_launch(const Engine& e, const Rank& r, int l, const Meta& m) {
+  return r.moe_t1_ws && !e.exact && m.rows == 1 && m.policy_rows == 1 && combine_feeds_norm(e, l) &&
+         !shared_dense_mlp(e, m);
+}
+
 int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   const Dims& d = e.d;
   LayerDev& L = r.layers[l];
   const int T = m.rows;
+  if (moe_one_launch(e, r, l, m)) {
+    glmk::MoeT1Args a;
+    a.h = r.h;
+    a.delta = r.o_in_h ? nullptr : r.delta;  // o_proj already added to h (attention_block)
+    a.post_norm = L.post_norm;
+    a.eps = e.cfg.rms_norm_eps;
+    a.H = d.H;
+    a.MI = d.MI;
+    a.router_W = L.router;
+    a.sel = router_args(e, r, l, m, 1, false);
+    a.sel.n_valid = nullptr;
+    a.e_gu = L.e_gu;
+    a.e_gu_scale = L.e_gu_scale;
+    a.e_down = L.e_down;
+    a.e_down_scale = L.e_down_scale;
+    a.n_groups = r.groups;
+    a.offsets = r.offsets;
+    const glmk::AddNormArgs next = input_norm_args(e, r, l + 1, T);
+    a.next_norm = next.weight;
+    a.out_q = next.out_q;
+    a.out_scale = next.out_scale;
+    a.workspace = r.moe_t1_ws;
+    KCHECK(glmk::moe_decode_t1(a, r.stream), "layer %d: moe_decode_t1 (one-token MoE layer)", l);
+    if (e.prof.on && r.index == 0)
+      KCHECK(profile_count_active(r.offsets, r.groups, r.prof_active, l, r.stream),
+             "layer %d: profile count", l);
+    PROF(GLMRT_PROF_MOE_LAYER);
+    return GLMRT_OK;
+  }
   glmk::AddNormArgs n;
   n.h = r.h;
   n.delta = r.o_in_h ? nullptr : r.delta;  // o_proj already added to h (attention_block)
@@ -970,28 +1032,12 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     PROF(GLMRT_PROF_DENSE_DOWN);
     return GLMRT_OK;
   }
-  glmk::RouterArgs ra;
-  ra.logits = r.router_logits;
-  ra.bias = L.router_bias;
-  ra.T = T;
-  ra.E = d.E;
-  ra.top_k = d.K;
-  ra.n_group = e.cfg.n_group;
-  ra.topk_group = e.cfg.topk_group;
-  ra.norm_topk = e.cfg.norm_topk_prob;
-  ra.scale = e.cfg.routed_scaling_factor;
-  ra.expert_begin = r.expert_begin;
-  ra.n_local = r.n_local_experts;
   // The shared expert sees every token: one more group of the routed GEMMs
   // (router slot top_k) or, from kSharedGroupedMaxRows rows up to prefill
   // sizes, a dense MLP on the linear path, its output added last by the
   // combine and its router slot empty (shared_dense_mlp).
   const bool shared_dense = shared_dense_mlp(e, m);
-  ra.shared_local = shared_dense ? -1 : r.shared_local;
-  ra.slots = d.slots;
-  ra.ids = r.topk_ids;
-  ra.w = r.topk_w;
-  ra.n_valid = m.graph ? at<int>(r.meta, m.rm.n_valid) : nullptr;
+  const glmk::RouterArgs ra = router_args(e, r, l, m, T, shared_dense);
   if (fused_router) {
     glmk::RouterFusedArgs rf;
     rf.sel = ra;
@@ -1534,6 +1580,15 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
     // is not among them.
     const bool shared_dense = shared_dense_mlp(e, m);
     const int64_t groups = (active ? active[l] : 0) + (shared_dense ? 1 : 0);
+    // One launch (moe_one_launch): the same weights, no intermediate rows
+    // through memory; one of the two norms above is its own.
+    const bool one = moe_one_launch(e, e.ranks[0], l, m);
+    if (one) {
+      out[GLMRT_PROF_NORM] -= T * H * (4 + 4 + 4 + act_q) + H * 4 + T * H * 4;
+      out[GLMRT_PROF_MOE_LAYER] += (int64_t)d.E * H * 4 + groups * 3 * (int64_t)d.MI * H + 4 * T * H * 4 +
+                                   T * H * act_q + 2 * H * 4;
+      continue;
+    }
     out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
     out[GLMRT_PROF_EXPERT_GATE_UP] += groups * 2 * (int64_t)d.MI * H + T * d.slots * (H + 2 * (int64_t)d.MI * 4);
     out[GLMRT_PROF_ACTIVATION] += T * d.slots * (int64_t)d.MI * (8 + 1);

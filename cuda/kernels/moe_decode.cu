@@ -1,0 +1,702 @@
+// moe_decode.cu — the MoE half of a one-token decode layer in one persistent
+// launch (docs/cuda.md "moe_decode_t1"): post-attention add + RMSNorm, the
+// router (FP32 logits, selection), the experts' gate|up with SiLU·up, the
+// activations' FP8 quantization, the experts' down with the weighted combine
+// into the residual row, and the next layer's input add + RMSNorm + FP8.
+//
+// Why: at batch 1 those stages were seven launches a layer (norm, router,
+// gate|up, SiLU, down, combine + next norm; ~41 us on an H100 for ~15 us of
+// weight bytes), each paying its start, its first loads and its tail. Here one
+// CTA per SM runs them all; the CTAs meet at three counters in global memory
+// (the router's partial logits, the activations, the end), and every CTA
+// issues its next weight loads before it waits, so the weight stream barely
+// stops between the stages. Row-wide steps (the norms, the routing, the
+// activations' scales) are computed redundantly by every CTA from L2 instead
+// of by one CTA behind another barrier.
+//
+// Work: gate|up in units of 8 intermediate columns of one slot (the 16 rows
+// of an mma A tile: 8 gate rows and their 8 up rows, so SiLU·up happens in
+// the tile's epilogue), the shared expert's units first (they need no
+// routing), spread over the CTAs; down in units of 8 output columns of the
+// hidden row, the active slots two at a time as the A tile's two halves (the
+// B operand's even columns carry the first slot's activations, the odd ones
+// the second's). Inside a CTA the 16 warps split every unit's K in 64-byte
+// chunks (warp w takes chunks w, w + 16, ...), and their sums are folded in
+// warp order (deterministic). Numerics: the products are those of the
+// streaming GEMMs (e4m3 mma, FP32 accumulation, (acc * x_scale) * w_scale),
+// summed in another order, so results match the separate kernels to FP32
+// rounding, not bit for bit.
+#include "common.cuh"
+#include "moe_route.cuh"
+
+namespace glmk {
+namespace {
+
+constexpr int kT1Threads = 512;
+constexpr int kT1Warps = kT1Threads / 32;
+constexpr int kT1MaxSlots = 16;
+constexpr int kT1RouterChunk = 128;  // K floats of one router partial (one CTA)
+constexpr int kT1DownJobs = 2;       // down jobs whose loads a round keeps in flight
+constexpr size_t kT1HeaderBytes = 256;
+// Counters in the workspace header: router partials written, activations
+// written, CTAs done. The last CTA to finish sets all three back to zero.
+enum { kCntRouter = 0, kCntAct = 1, kCntDone = 2 };
+
+struct T1Shared {
+  float red[2][kT1Warps][kT1DownJobs][8][2];  // [round parity][warp][job][row g][half]
+  float gsc[2][8][2];                          // gate|up scales of the jobs in the ring
+  float dsc[16][8][2];                         // down scales of the jobs in the ring
+  float scratch[32];
+  float logit[32 * kMaxExpertsPerLane];
+  int ids[kT1MaxSlots];
+  float w[kT1MaxSlots];
+  int act_slot[kT1MaxSlots];  // slots with an expert on this GPU, in slot order
+  int routed_slot[kT1MaxSlots];
+  float act_scale[kT1MaxSlots];
+  int n_act, n_routed;
+  int routed;  // routing known in this CTA
+  float x_scale;
+};
+
+__device__ __forceinline__ uint4 ld_stream_u4(const uint8_t* p, uint64_t policy) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(policy));
+  return r;
+}
+
+__device__ __forceinline__ int ld_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Counts this CTA on *cnt once every thread's stores are done (release).
+__device__ __forceinline__ void t1_arrive(int* cnt) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    atomicAdd(cnt, 1);
+  }
+}
+// Waits until *cnt reaches target; afterwards every thread may read (with
+// ld.cg) what the counted CTAs stored.
+__device__ __forceinline__ void t1_wait(const int* cnt, int target) {
+  if (threadIdx.x == 0) {
+    while (ld_acquire(cnt) < target) __nanosleep(32);
+  }
+  __syncthreads();
+}
+
+__device__ __forceinline__ float t1_silu(float g) { return g / (1.0f + expf(-g)); }
+
+// One 64-byte K chunk of a 16-row A tile against 32 bytes of B per lane:
+// lane (g, c) holds bytes 16c..16c+15 of the chunk of rows g (a) and g + 8
+// (b) and of B column g (x) — the fragment mapping of gemm.cu's streaming
+// kernels.
+__device__ __forceinline__ void t1_mma_chunk(float (&acc)[4], const uint4& a, const uint4& b, const uint4& x) {
+  mma_e4m3_16832(acc, a.x, b.x, a.y, b.y, x.x, x.y);
+  mma_e4m3_16832(acc, a.z, b.z, a.w, b.w, x.z, x.w);
+}
+
+template <int EPL, int NG, int ND>
+__global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
+  pdl_launch_dependents();
+  extern __shared__ __align__(16) unsigned char dsm[];
+  __shared__ T1Shared sh;
+  const int H = a.H, MI = a.MI, E = a.sel.E;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int G = gridDim.x, b = blockIdx.x;
+  float* hsum_s = reinterpret_cast<float*>(dsm);   // [H] h + delta
+  float* xf_s = hsum_s + H;                         // [H] normed row (router input)
+  uint8_t* xq_s = reinterpret_cast<uint8_t*>(xf_s + H);  // [H] FP8 normed row
+  uint8_t* actq_s = xq_s + H;                       // [slots][MI] FP8 activations
+  int* cnt = static_cast<int*>(a.workspace);
+  float* part = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kT1HeaderBytes);
+  const int nk = H / kT1RouterChunk;
+  float* act = part + (size_t)nk * E;  // [slots][MI] FP32 SiLU·up
+  const uint64_t wpol = l2_policy_stream();
+  const RouterArgs& ra = a.sel;
+  const int slots = ra.slots > 0 ? ra.slots : ra.top_k + (ra.shared_local >= 0 ? 1 : 0);
+  if (tid == 0) sh.routed = 0;
+
+  // ---- gate|up units: u < n_sh are the shared expert's (slot top_k), then
+  // the routed slots' in slot order. This CTA takes u = b, b + G, ...
+  const int ups = MI / 8;  // units per slot
+  const int n_sh = (ra.shared_local >= 0 && slots > ra.top_k) ? ups : 0;
+  const int gu_ch = H / 64;
+
+  // Routing (every CTA, once): the logits summed over the router partials in
+  // chunk order, then route_token's selection, as the router kernels do.
+  auto ensure_routing = [&]() {
+    if (sh.routed) return;  // uniform: written before a barrier
+    t1_wait(cnt + kCntRouter, nk);
+    for (int e = tid; e < E; e += kT1Threads) {
+      float s = 0.f;
+      for (int k = 0; k < nk; ++k) s += __ldcg(part + (size_t)k * E + e);
+      sh.logit[e] = s;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      RouterArgs r = ra;
+      r.T = 1;
+      r.ids = sh.ids;
+      r.w = sh.w;
+      r.n_valid = nullptr;
+      r.topk_global = nullptr;
+      route_token<EPL>(r, 0, [&](int e) { return sh.logit[e]; });
+    }
+    __syncthreads();
+    if (tid == 0) {
+      int na = 0, nr = 0;
+      for (int s = 0; s < slots; ++s) {
+        if (sh.ids[s] < 0) continue;
+        sh.act_slot[na++] = s;
+        if (s < ra.top_k) sh.routed_slot[nr++] = s;
+      }
+      sh.n_act = na;
+      sh.n_routed = nr;
+      sh.routed = 1;
+      if (b == 0 && a.offsets) {  // moe_align's group offsets (profiling counts them)
+        for (int gi = 0; gi <= a.n_groups; ++gi) {
+          int n = 0;
+          for (int s = 0; s < slots; ++s) n += (sh.ids[s] >= 0 && sh.ids[s] < gi) ? 1 : 0;
+          a.offsets[gi] = n;
+        }
+      }
+    }
+    if (b == 0 && tid < slots) {
+      if (ra.ids) ra.ids[tid] = sh.ids[tid];
+      if (ra.w) ra.w[tid] = sh.w[tid];
+    }
+    __syncthreads();
+  };
+
+  // The rows of gate|up unit u for this lane (gate row g, up row g), its slot
+  // and column block; false when there is no such unit. May route (uniform).
+  struct GuUnit {
+    const uint8_t* pa;
+    const uint8_t* pb;
+    const float* sc;  // gate|up scales of the expert
+    int slot, t;
+  };
+  auto gu_unit = [&](int u, GuUnit& o) -> bool {
+    int s, grp, t;
+    if (u < n_sh) {
+      s = ra.top_k;
+      grp = ra.shared_local;
+      t = u;
+    } else {
+      ensure_routing();
+      const int v = u - n_sh, ai = v / ups;
+      if (ai >= sh.n_routed) return false;
+      s = sh.routed_slot[ai];
+      grp = sh.ids[s];
+      t = v - ai * ups;
+    }
+    o.pa = a.e_gu + ((int64_t)grp * 2 * MI + t * 8 + g) * H + 16 * c;
+    o.pb = o.pa + (int64_t)MI * H;
+    o.sc = a.e_gu_scale + (int64_t)grp * 2 * MI;
+    o.slot = s;
+    o.t = t;
+    return true;
+  };
+
+  // Weight tiles land in a ring in shared memory (cp.async, evict-first in
+  // L2), RW bytes per warp, each lane reading back only the 16-byte pieces it
+  // copied itself (no warp barrier): a gate|up job is [NG chunks][2 rows]
+  // [32 lanes][16 B] (NG KB), two in flight; a down job ND KB, RW / ND KB of
+  // them in flight. A job's scales travel in its copy group.
+  constexpr int RW = 2 * NG * 1024;
+  constexpr int RD = (2 * NG) / ND < 16 ? (2 * NG) / ND : 16;  // down jobs the ring holds
+  uint8_t* const ring = actq_s + (((size_t)slots * MI + 15) & ~(size_t)15) + warp * RW + lane * 16;
+  const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+  auto cp16 = [&](uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(wpol)
+                 : "memory");
+  };
+  auto cp4 = [&](float* dst, const float* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
+                 "l"(src)
+                 : "memory");
+  };
+
+  // Gate|up jobs of this CTA (job k: unit b + k * G), issued in order into
+  // ring slot k & 1, one copy group each.
+  GuUnit u0{}, u1{};
+  int gu_iss = 0;
+  bool gu_end = false;
+  auto gu_try_issue = [&]() {  // issues job gu_iss if it exists (may route: uniform)
+    if (gu_end) return;
+    GuUnit o;
+    if (!gu_unit(b + gu_iss * G, o)) {
+      gu_end = true;
+      return;
+    }
+    const int slot = gu_iss & 1;
+    const uint32_t d = ring_s + slot * (NG * 1024);
+#pragma unroll
+    for (int i = 0; i < NG; ++i) {
+      const int j = warp + i * kT1Warps;
+      if (j < gu_ch) {
+        cp16(d + (2 * i) * 512, o.pa + 64 * j);
+        cp16(d + (2 * i + 1) * 512, o.pb + 64 * j);
+      }
+    }
+    if (warp == 0 && lane < 8) {
+      cp4(&sh.gsc[slot][lane][0], o.sc + o.t * 8 + lane);
+      cp4(&sh.gsc[slot][lane][1], o.sc + MI + o.t * 8 + lane);
+    }
+    cp_async_commit();
+    if (slot) u1 = o;
+    else u0 = o;
+    ++gu_iss;
+  };
+  // The shared expert's first two jobs before anything else (they need
+  // nothing this kernel computes).
+  if (b < n_sh) gu_try_issue();
+  if (gu_iss == 1 && b + G < n_sh) gu_try_issue();
+  // ---- post-attention add + RMSNorm, FP32 (router) and FP8 (experts), in
+  // every CTA. Router weights of this CTA's chunk requested first.
+  const bool router_cta = b < nk;
+  constexpr int kRw = 4;  // router rows in flight per warp
+  float4 rw[kRw];
+  if (router_cta) {
+#pragma unroll
+    for (int i = 0; i < kRw; ++i) {
+      const int e = warp + i * kT1Warps;
+      if (e < E)
+        rw[i] = __ldg(reinterpret_cast<const float4*>(a.router_W + (int64_t)e * H + b * kT1RouterChunk) + lane);
+    }
+  }
+  {
+    constexpr int NV = 4;  // H <= 8192
+    const int n4 = H / 4;
+    float4 v[NV], wn[NV];
+    const float4* h4 = reinterpret_cast<const float4*>(a.h);
+    const float4* d4 = reinterpret_cast<const float4*>(a.delta);
+    const float4* w4 = reinterpret_cast<const float4*>(a.post_norm);
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4) {
+        v[k] = __ldcg(h4 + i);
+        wn[k] = __ldg(w4 + i);
+        if (d4) {
+          const float4 d = __ldcg(d4 + i);
+          v[k].x = v[k].x + d.x;
+          v[k].y = v[k].y + d.y;
+          v[k].z = v[k].z + d.z;
+          v[k].w = v[k].w + d.w;
+        }
+        reinterpret_cast<float4*>(hsum_s)[i] = v[k];
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+      }
+    }
+    ss = block_reduce(ss, sh.scratch, SumOp());
+    const float r = 1.0f / sqrtf(ss / (float)H + a.eps);
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4) {
+        float4 y;
+        y.x = wn[k].x * (v[k].x * r);
+        y.y = wn[k].y * (v[k].y * r);
+        y.z = wn[k].z * (v[k].z * r);
+        y.w = wn[k].w * (v[k].w * r);
+        v[k] = y;
+        reinterpret_cast<float4*>(xf_s)[i] = y;
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
+      }
+    }
+    __syncthreads();  // scratch reuse
+    amax = block_reduce(amax, sh.scratch, MaxOp());
+    const float s = fmaxf(amax / kFp8Max, kMinActScale);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4)
+        reinterpret_cast<uint32_t*>(xq_s)[i] = (uint32_t)f32_to_e4m3(v[k].x / s) |
+                                               ((uint32_t)f32_to_e4m3(v[k].y / s) << 8) |
+                                               ((uint32_t)f32_to_e4m3(v[k].z / s) << 16) |
+                                               ((uint32_t)f32_to_e4m3(v[k].w / s) << 24);
+    }
+    if (tid == 0) sh.x_scale = s;
+  }
+  __syncthreads();
+
+  // ---- router partial logits: CTA b < nk sums K chunk b for every expert.
+  if (router_cta) {
+    const float4 x = reinterpret_cast<const float4*>(xf_s + b * kT1RouterChunk)[lane];
+    for (int e0 = 0; e0 < E; e0 += kRw * kT1Warps) {
+#pragma unroll
+      for (int i = 0; i < kRw; ++i) {
+        const int e = e0 + warp + i * kT1Warps;
+        if (e0 > 0 && e < E)
+          rw[i] = __ldg(reinterpret_cast<const float4*>(a.router_W + (int64_t)e * H + b * kT1RouterChunk) + lane);
+      }
+#pragma unroll
+      for (int i = 0; i < kRw; ++i) {
+        const int e = e0 + warp + i * kT1Warps;
+        if (e < E) {  // warp-uniform
+          float p = x.x * rw[i].x;
+          p = fmaf(x.y, rw[i].y, p);
+          p = fmaf(x.z, rw[i].z, p);
+          p = fmaf(x.w, rw[i].w, p);
+          p = warp_sum(p);
+          if (lane == 0) part[(size_t)b * E + e] = p;
+        }
+      }
+    }
+    t1_arrive(cnt + kCntRouter);
+  }
+
+  // ---- gate|up: consume job k from the ring, request job k + 2 into its
+  // slot, fold the warps' sums, SiLU·up into act.
+  const float xs = sh.x_scale;
+  int par = 0;
+  for (int k = 0;; ++k) {
+    while (gu_iss < k + 2 && !gu_end) gu_try_issue();
+    if (k >= gu_iss) break;
+    cp_async_wait_pending(gu_iss - k - 1);  // job k's group has landed (this lane's copies)
+    const int slot = k & 1;
+    const uint8_t* src = ring + slot * (NG * 1024);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < NG; ++i) {
+      const int j = warp + i * kT1Warps;
+      if (j < gu_ch)
+        t1_mma_chunk(acc, *reinterpret_cast<const uint4*>(src + (2 * i) * 512),
+                     *reinterpret_cast<const uint4*>(src + (2 * i + 1) * 512),
+                     *reinterpret_cast<const uint4*>(xq_s + 64 * j + 16 * c));
+    }
+    const GuUnit done = slot ? u1 : u0;
+    float dg = 0.f, du = 0.f;
+    if (warp == 0 && lane < 8) {
+      dg = sh.gsc[slot][lane][0];
+      du = sh.gsc[slot][lane][1];
+    }
+    if (gu_iss == k + 2) gu_try_issue();  // job k + 2 into the slot just read
+    // Every B column carries the token: acc[0] = gate row g, acc[2] = up row g.
+    if (c == 0) {
+      sh.red[par][warp][0][g][0] = acc[0];
+      sh.red[par][warp][0][g][1] = acc[2];
+    }
+    __syncthreads();
+    if (warp == 0 && lane < 8) {
+      float sg = 0.f, su = 0.f;
+      for (int w = 0; w < kT1Warps; ++w) {
+        sg += sh.red[par][w][0][lane][0];
+        su += sh.red[par][w][0][lane][1];
+      }
+      const float gate = __fmul_rn(__fmul_rn(sg, xs), dg);
+      const float up = __fmul_rn(__fmul_rn(su, xs), du);
+      act[(size_t)done.slot * MI + done.t * 8 + lane] = t1_silu(gate) * up;
+    }
+    par ^= 1;
+  }
+  ensure_routing();  // a CTA without a routed unit still needs the slots
+  t1_arrive(cnt + kCntAct);
+
+  // ---- down: units of 8 hidden columns, the active slots in pairs. Jobs
+  // (unit, pair) of this CTA in order, job q in ring slot q % RD; all the
+  // ring holds requested before the activations are ready.
+  const int n_act = sh.n_act;
+  const int n_pairs = (n_act + 1) / 2;
+  const int my_units = (H / 8 > b) ? (H / 8 - b + G - 1) / G : 0;
+  const int n_jobs = my_units * n_pairs;
+  const int dn_ch = MI / 64;
+  int dn_iss = 0;
+  auto dn_issue = [&]() {
+    const int q = dn_iss++;
+    const int ui = q / n_pairs, p = q - ui * n_pairs;
+    const int t = b + ui * G;
+    const int sa = sh.act_slot[2 * p];
+    const int sb = 2 * p + 1 < n_act ? sh.act_slot[2 * p + 1] : sa;
+    const uint8_t* pa = a.e_down + ((int64_t)sh.ids[sa] * H + t * 8 + g) * MI + 16 * c;
+    const uint8_t* pb = a.e_down + ((int64_t)sh.ids[sb] * H + t * 8 + g) * MI + 16 * c;
+    const int slot = q % RD;
+    const uint32_t d = ring_s + slot * (ND * 1024);
+#pragma unroll
+    for (int i = 0; i < ND; ++i) {
+      const int j = warp + i * kT1Warps;
+      if (j < dn_ch) {
+        cp16(d + (2 * i) * 512, pa + 64 * j);
+        cp16(d + (2 * i + 1) * 512, pb + 64 * j);
+      }
+    }
+    if (warp == 0 && lane < 8) {
+      cp4(&sh.dsc[slot][lane][0], a.e_down_scale + (int64_t)sh.ids[sa] * H + t * 8 + lane);
+      cp4(&sh.dsc[slot][lane][1], a.e_down_scale + (int64_t)sh.ids[sb] * H + t * 8 + lane);
+    }
+    cp_async_commit();
+  };
+  while (dn_iss < n_jobs && dn_iss < RD) dn_issue();
+
+  t1_wait(cnt + kCntAct, G);
+  // The activations of the active slots, quantized per slot row as
+  // silu_mul_quant_fp8 does (s = max(amax / 448, min), q = e4m3(a / s)).
+  for (int ai = 0; ai < n_act; ++ai) {
+    const float* row = act + (size_t)sh.act_slot[ai] * MI;
+    const int n4 = MI / 4;
+    constexpr int NV = 2;  // MI <= 4096
+    float4 v[NV];
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4) {
+        v[k] = __ldcg(reinterpret_cast<const float4*>(row) + i);
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+      }
+    }
+    amax = block_reduce(amax, sh.scratch, MaxOp());
+    const float s = fmaxf(amax / kFp8Max, kMinActScale);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4)
+        reinterpret_cast<uint32_t*>(actq_s + (size_t)ai * MI)[i] =
+            (uint32_t)f32_to_e4m3(v[k].x / s) | ((uint32_t)f32_to_e4m3(v[k].y / s) << 8) |
+            ((uint32_t)f32_to_e4m3(v[k].z / s) << 16) | ((uint32_t)f32_to_e4m3(v[k].w / s) << 24);
+    }
+    if (tid == 0) sh.act_scale[ai] = s;
+    __syncthreads();  // scratch reuse
+  }
+
+  float comb = 0.f;  // lanes < 8 of warp 0: the running combine of column t * 8 + lane
+  for (int q0 = 0; q0 < n_jobs; q0 += kT1DownJobs) {
+    float acc[kT1DownJobs][4];
+#pragma unroll
+    for (int jr = 0; jr < kT1DownJobs; ++jr) acc[jr][0] = acc[jr][1] = acc[jr][2] = acc[jr][3] = 0.f;
+    float ja[kT1DownJobs], jb[kT1DownJobs];
+#pragma unroll
+    for (int jr = 0; jr < kT1DownJobs; ++jr) {
+      const int q = q0 + jr;
+      ja[jr] = jb[jr] = 0.f;
+      if (q >= n_jobs) break;
+      cp_async_wait_pending(dn_iss - q - 1);
+      const int p = q % n_pairs, slot = q % RD;
+      const uint8_t* src = ring + slot * (ND * 1024);
+      // B column g: the activations of the pair's first slot (g even) or
+      // second (g odd; zeros when the pair has one slot).
+      const int ai = 2 * p + (g & 1);
+      const bool live = ai < n_act;
+#pragma unroll
+      for (int i = 0; i < ND; ++i) {
+        const int j = warp + i * kT1Warps;
+        if (j < dn_ch) {
+          const uint4 x = live ? *reinterpret_cast<const uint4*>(actq_s + (size_t)ai * MI + 64 * j + 16 * c)
+                               : make_uint4(0, 0, 0, 0);
+          t1_mma_chunk(acc[jr], *reinterpret_cast<const uint4*>(src + (2 * i) * 512),
+                       *reinterpret_cast<const uint4*>(src + (2 * i + 1) * 512), x);
+        }
+      }
+      if (warp == 0 && lane < 8) {
+        ja[jr] = sh.dsc[slot][lane][0];
+        jb[jr] = sh.dsc[slot][lane][1];
+      }
+    }
+    // Slots read: the ring takes the next jobs.
+    while (dn_iss < n_jobs && dn_iss < q0 + kT1DownJobs + RD) dn_issue();
+    // acc[0] = row g of the first slot x its activations (column 2c), acc[3] =
+    // row g of the second x its (column 2c + 1).
+    if (c == 0) {
+#pragma unroll
+      for (int jr = 0; jr < kT1DownJobs; ++jr) {
+        sh.red[par][warp][jr][g][0] = acc[jr][0];
+        sh.red[par][warp][jr][g][1] = acc[jr][3];
+      }
+    }
+    __syncthreads();
+    if (warp == 0 && lane < 8) {
+#pragma unroll
+      for (int jr = 0; jr < kT1DownJobs; ++jr) {
+        const int q = q0 + jr;
+        if (q >= n_jobs) break;
+        const int ui = q / n_pairs, p = q - ui * n_pairs;
+        float s0 = 0.f, s1 = 0.f;
+        for (int w = 0; w < kT1Warps; ++w) {
+          s0 += sh.red[par][w][jr][lane][0];
+          s1 += sh.red[par][w][jr][lane][1];
+        }
+        if (p == 0) comb = 0.f;
+        const int i0 = 2 * p;
+        const float y0 = __fmul_rn(__fmul_rn(s0, sh.act_scale[i0]), ja[jr]);
+        comb = __fmaf_rn(sh.w[sh.act_slot[i0]], y0, comb);
+        if (i0 + 1 < n_act) {
+          const float y1 = __fmul_rn(__fmul_rn(s1, sh.act_scale[i0 + 1]), jb[jr]);
+          comb = __fmaf_rn(sh.w[sh.act_slot[i0 + 1]], y1, comb);
+        }
+        if (p == n_pairs - 1) {
+          const int n = (b + ui * G) * 8 + lane;
+          a.h[n] = hsum_s[n] + comb;
+        }
+      }
+    }
+    par ^= 1;
+  }
+  cp_async_wait_pending(0);
+  if (n_pairs == 0) {  // no expert on this GPU for the token: h = h + delta
+    for (int ui = 0; ui < my_units; ++ui)
+      if (tid < 8) {
+        const int n = (b + ui * G) * 8 + tid;
+        a.h[n] = hsum_s[n] + 0.f;
+      }
+  }
+
+  // ---- the next layer's input norm, by the last CTA to finish.
+  __syncthreads();
+  __shared__ int last;
+  if (tid == 0) {
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    last = atomicAdd(cnt + kCntDone, 1) == G - 1;
+    if (last) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+  }
+  __syncthreads();
+  if (!last) return;
+  if (tid == 0) {
+    cnt[kCntRouter] = 0;
+    cnt[kCntAct] = 0;
+    cnt[kCntDone] = 0;
+  }
+  {
+    constexpr int NV = 4;
+    const int n4 = H / 4;
+    float4 v[NV], wn[NV];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4) {
+        v[k] = __ldcg(reinterpret_cast<const float4*>(a.h) + i);
+        wn[k] = __ldg(reinterpret_cast<const float4*>(a.next_norm) + i);
+        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+      }
+    }
+    ss = block_reduce(ss, sh.scratch, SumOp());
+    const float r = 1.0f / sqrtf(ss / (float)H + a.eps);
+    float amax = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4) {
+        float4 y;
+        y.x = wn[k].x * (v[k].x * r);
+        y.y = wn[k].y * (v[k].y * r);
+        y.z = wn[k].z * (v[k].z * r);
+        y.w = wn[k].w * (v[k].w * r);
+        v[k] = y;
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
+      }
+    }
+    __syncthreads();
+    amax = block_reduce(amax, sh.scratch, MaxOp());
+    const float s = fmaxf(amax / kFp8Max, kMinActScale);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4)
+        reinterpret_cast<uint32_t*>(a.out_q)[i] = (uint32_t)f32_to_e4m3(v[k].x / s) |
+                                                  ((uint32_t)f32_to_e4m3(v[k].y / s) << 8) |
+                                                  ((uint32_t)f32_to_e4m3(v[k].z / s) << 16) |
+                                                  ((uint32_t)f32_to_e4m3(v[k].w / s) << 24);
+    }
+    if (tid == 0) a.out_scale[0] = s;
+  }
+}
+
+template <int EPL, int NG, int ND>
+cudaError_t t1_launch(const MoeT1Args& a, int grid, size_t smem, cudaStream_t st) {
+  auto fn = moe_t1_kernel<EPL, NG, ND>;
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  // Cooperative: every CTA resident at once (they wait on each other), or
+  // the launch fails instead of hanging.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kT1Threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, fn, a);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+template <int NG, int ND>
+cudaError_t t1_launch_epl(const MoeT1Args& a, int grid, size_t smem, cudaStream_t st) {
+  switch (router_epl(a.sel.E)) {
+    case 1: return t1_launch<1, NG, ND>(a, grid, smem, st);
+    case 5: return t1_launch<5, NG, ND>(a, grid, smem, st);
+    default: return t1_launch<kMaxExpertsPerLane, NG, ND>(a, grid, smem, st);
+  }
+}
+
+// Dynamic shared memory: h + delta and the normed row (FP32), the FP8 row,
+// the slots' FP8 activations, the 16 warps' weight rings (2 * NG KB each).
+size_t t1_smem(int H, int MI, int slots, int NG) {
+  return (size_t)H * (2 * sizeof(float) + 1) + (((size_t)slots * MI + 15) & ~(size_t)15) +
+         (size_t)kT1Warps * 2 * NG * 1024;
+}
+
+// The instantiation's gate|up chunks per warp (NG; down: 1, 2, 4 with it).
+int t1_ng(int H, int MI) {
+  const int ng = (H + 1023) / 1024, nd = (MI + 1023) / 1024;
+  return ng <= 1 && nd <= 1 ? 1 : ng <= 5 && nd <= 2 ? 5 : 8;
+}
+
+int t1_slots(const RouterArgs& r) { return r.slots > 0 ? r.slots : r.top_k + (r.shared_local >= 0 ? 1 : 0); }
+
+}  // namespace
+
+bool moe_decode_t1_supported(int H, int MI, int E, int slots) {
+  if (!(H >= kT1RouterChunk && H % kT1RouterChunk == 0 && H <= 8192 && MI >= 64 && MI % 64 == 0 && MI <= 4096 &&
+        E >= 1 && E <= 32 * kMaxExpertsPerLane && slots >= 1 && slots <= kT1MaxSlots))
+    return false;
+  // The current device: sm_90, an SM per router chunk, the shared memory.
+  int dev = 0;
+  DeviceInfo di;
+  if (device_info(dev, di) != cudaSuccess) return false;
+  return di.major >= 9 && di.sms >= H / kT1RouterChunk &&
+         t1_smem(H, MI, slots, t1_ng(H, MI)) + sizeof(T1Shared) <= (size_t)di.smem_optin;
+}
+
+size_t moe_decode_t1_workspace_bytes(int H, int MI, int E, int slots) {
+  return kT1HeaderBytes + ((size_t)(H / kT1RouterChunk) * E + (size_t)slots * MI) * sizeof(float);
+}
+
+cudaError_t moe_decode_t1(const MoeT1Args& a, cudaStream_t st) {
+  const RouterArgs& r = a.sel;
+  const int slots = t1_slots(r);
+  if (!moe_decode_t1_supported(a.H, a.MI, r.E, slots) || r.T != 1 || r.top_k < 1 || r.top_k > r.E ||
+      slots < r.top_k || slots > r.top_k + 1 || r.n_group < 1 || r.n_group > 32 || r.E % r.n_group != 0 ||
+      r.topk_group < 1 || r.topk_group > r.n_group || (r.n_group > 1 && r.E / r.n_group < 2) || !r.bias ||
+      !a.h || !a.post_norm || !a.router_W || !a.e_gu || !a.e_gu_scale || !a.e_down || !a.e_down_scale ||
+      !a.next_norm || !a.out_q || !a.out_scale || !a.workspace || (a.offsets && a.n_groups < 1) ||
+      (uintptr_t)a.h % 16 || (uintptr_t)a.delta % 16 || (uintptr_t)a.post_norm % 16 ||
+      (uintptr_t)a.next_norm % 16 || (uintptr_t)a.router_W % 16 || (uintptr_t)a.e_gu % 16 ||
+      (uintptr_t)a.e_down % 16 || (uintptr_t)a.out_q % 4 || (uintptr_t)a.workspace % 16)
+    return cudaErrorInvalidValue;
+  int dev = 0;
+  DeviceInfo di;
+  cudaError_t e = device_info(dev, di);
+  if (e != cudaSuccess) return e;
+  const int grid = di.sms;
+  const int NG = t1_ng(a.H, a.MI);
+  if (di.major < 9 || grid < a.H / kT1RouterChunk || t1_smem(a.H, a.MI, slots, NG) + sizeof(T1Shared) > (size_t)di.smem_optin)
+    return cudaErrorNotSupported;
+  const size_t smem = t1_smem(a.H, a.MI, slots, NG);
+  if (NG == 1) return t1_launch_epl<1, 1>(a, grid, smem, st);
+  if (NG == 5) return t1_launch_epl<5, 2>(a, grid, smem, st);
+  return t1_launch_epl<8, 4>(a, grid, smem, st);
+}
+
+}  // namespace glmk
