@@ -696,6 +696,10 @@ struct MoeT1Args {
   uint8_t* out_q = nullptr;       // [H]
   float* out_scale = nullptr;     // [1]
   void* workspace = nullptr;
+  // Benches only: [9][grid] %globaltimer stamps of each CTA's phases (start,
+  // router partials out, norm done, gate|up done, activations ready, down
+  // start, down done, the last CTA's norm start and end); null otherwise.
+  unsigned long long* trace = nullptr;
 };
 bool moe_decode_t1_supported(int H, int MI, int E, int slots);
 size_t moe_decode_t1_workspace_bytes(int H, int MI, int E, int slots);

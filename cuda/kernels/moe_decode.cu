@@ -36,16 +36,18 @@ constexpr int kT1Threads = 512;
 constexpr int kT1Warps = kT1Threads / 32;
 constexpr int kT1MaxSlots = 16;
 constexpr int kT1RouterChunk = 128;  // K floats of one router partial (one CTA)
-constexpr int kT1DownJobs = 2;       // down jobs whose loads a round keeps in flight
+constexpr int kT1DownJobs = 4;       // down jobs one round folds (one barrier)
 constexpr size_t kT1HeaderBytes = 256;
-// Counters in the workspace header: router partials written, activations
-// written, CTAs done. The last CTA to finish sets all three back to zero.
-enum { kCntRouter = 0, kCntAct = 1, kCntDone = 2 };
+// Workspace header: the CTAs done (the last one sets it back to zero) and the
+// launch epoch. The router's partials and the activations pass between CTAs
+// as 8-byte (epoch, value) words that readers poll until the epoch is this
+// launch's: no counter, and no fence — a fence.acq_rel after the weight
+// copies were issued waited for all of them (the router's partials left at
+// ~9 us, after the first 160 KB a CTA had landed).
+enum { kCntDone = 0, kEpoch = 1 };
 
 struct T1Shared {
   float red[2][kT1Warps][kT1DownJobs][8][2];  // [round parity][warp][job][row g][half]
-  float gsc[2][8][2];                          // gate|up scales of the jobs in the ring
-  float dsc[16][8][2];                         // down scales of the jobs in the ring
   float scratch[32];
   float logit[32 * kMaxExpertsPerLane];
   int ids[kT1MaxSlots];
@@ -58,6 +60,18 @@ struct T1Shared {
   float x_scale;
 };
 
+// Phase timestamps (MoeT1Args::trace, benches only): thread 0 of each CTA
+// writes %globaltimer at point i to trace[i * gridDim.x + blockIdx.x].
+#define T1_MARK(i)                                                              \
+  do {                                                                          \
+    if (a.trace && threadIdx.x == 0) {                                          \
+      unsigned long long t_;                                                    \
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                    \
+      a.trace[(i) * gridDim.x + blockIdx.x] = t_;                               \
+    }                                                                           \
+  } while (0)
+
+// 16 weight bytes, read once a step: not kept in L1, first out of L2.
 __device__ __forceinline__ uint4 ld_stream_u4(const uint8_t* p, uint64_t policy) {
   uint4 r;
   asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
@@ -66,27 +80,33 @@ __device__ __forceinline__ uint4 ld_stream_u4(const uint8_t* p, uint64_t policy)
   return r;
 }
 
-__device__ __forceinline__ int ld_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned long long t1_tag(unsigned epoch, float v) {
+  return ((unsigned long long)epoch << 32) | __float_as_uint(v);
+}
+__device__ __forceinline__ unsigned long long ld_relaxed_u64(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-
-// Counts this CTA on *cnt once every thread's stores are done (release).
-__device__ __forceinline__ void t1_arrive(int* cnt) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    asm volatile("fence.acq_rel.gpu;" ::: "memory");
-    atomicAdd(cnt, 1);
+// Four consecutive tagged words (32-byte aligned) once all carry this
+// launch's epoch: both 16-byte halves requested together each round.
+__device__ __forceinline__ float4 t1_poll4(const unsigned long long* p, unsigned epoch) {
+  unsigned long long v0, v1, v2, v3;
+  for (;;) {
+    asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(v0), "=l"(v1) : "l"(p) : "memory");
+    asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(v2), "=l"(v3) : "l"(p + 2) : "memory");
+    if ((unsigned)(v0 >> 32) == epoch && (unsigned)(v1 >> 32) == epoch && (unsigned)(v2 >> 32) == epoch &&
+        (unsigned)(v3 >> 32) == epoch)
+      break;
   }
+  return make_float4(__uint_as_float((unsigned)v0), __uint_as_float((unsigned)v1), __uint_as_float((unsigned)v2),
+                     __uint_as_float((unsigned)v3));
 }
-// Waits until *cnt reaches target; afterwards every thread may read (with
-// ld.cg) what the counted CTAs stored.
-__device__ __forceinline__ void t1_wait(const int* cnt, int target) {
-  if (threadIdx.x == 0) {
-    while (ld_acquire(cnt) < target) __nanosleep(32);
-  }
-  __syncthreads();
+// The value of a tagged word once it carries this launch's epoch.
+__device__ __forceinline__ float t1_poll(const unsigned long long* p, unsigned epoch) {
+  unsigned long long v = ld_relaxed_u64(p);
+  while ((unsigned)(v >> 32) != epoch) v = ld_relaxed_u64(p);
+  return __uint_as_float((unsigned)v);
 }
 
 __device__ __forceinline__ float t1_silu(float g) { return g / (1.0f + expf(-g)); }
@@ -103,6 +123,7 @@ __device__ __forceinline__ void t1_mma_chunk(float (&acc)[4], const uint4& a, co
 template <int EPL, int NG, int ND>
 __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
   pdl_launch_dependents();
+  T1_MARK(0);
   extern __shared__ __align__(16) unsigned char dsm[];
   __shared__ T1Shared sh;
   const int H = a.H, MI = a.MI, E = a.sel.E;
@@ -114,10 +135,12 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
   uint8_t* xq_s = reinterpret_cast<uint8_t*>(xf_s + H);  // [H] FP8 normed row
   uint8_t* actq_s = xq_s + H;                       // [slots][MI] FP8 activations
   int* cnt = static_cast<int*>(a.workspace);
-  float* part = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kT1HeaderBytes);
+  auto* part = reinterpret_cast<unsigned long long*>(static_cast<char*>(a.workspace) + kT1HeaderBytes);
   const int nk = H / kT1RouterChunk;
-  float* act = part + (size_t)nk * E;  // [slots][MI] FP32 SiLU·up
-  const uint64_t wpol = l2_policy_stream();
+  unsigned long long* act = part + (size_t)nk * E;  // [slots][MI] tagged FP32 SiLU·up
+  // Every CTA reads the epoch before any CTA can count itself done (the
+  // last one advances it after all have).
+  const unsigned epoch = (unsigned)__ldcg(cnt + kEpoch) + 1u;
   const RouterArgs& ra = a.sel;
   const int slots = ra.slots > 0 ? ra.slots : ra.top_k + (ra.shared_local >= 0 ? 1 : 0);
   if (tid == 0) sh.routed = 0;
@@ -132,12 +155,20 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
   // chunk order, then route_token's selection, as the router kernels do.
   auto ensure_routing = [&]() {
     if (sh.routed) return;  // uniform: written before a barrier
-    t1_wait(cnt + kCntRouter, nk);
-    for (int e = tid; e < E; e += kT1Threads) {
-      float s = 0.f;
-      for (int k = 0; k < nk; ++k) s += __ldcg(part + (size_t)k * E + e);
-      sh.logit[e] = s;
+    // The nk x E partials polled by all threads at once into xf_s (the
+    // router's input, done with: routing follows this CTA's own partials),
+    // H / E chunks a pass, then summed in chunk order (thread e, expert e).
+    const int kp = H / E < nk ? H / E : nk;
+    float s_e = 0.f;
+    for (int k0 = 0; k0 < nk; k0 += kp) {
+      const int kn = nk - k0 < kp ? nk - k0 : kp;
+      for (int i = tid; i < kn * E; i += kT1Threads) xf_s[i] = t1_poll(part + (size_t)k0 * E + i, epoch);
+      __syncthreads();
+      if (tid < E)
+        for (int k = 0; k < kn; ++k) s_e += xf_s[k * E + tid];
+      __syncthreads();
     }
+    if (tid < E) sh.logit[tid] = s_e;
     __syncthreads();
     if (warp == 0) {
       RouterArgs r = ra;
@@ -204,60 +235,39 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     return true;
   };
 
-  // Weight tiles land in a ring in shared memory (cp.async, evict-first in
-  // L2), RW bytes per warp, each lane reading back only the 16-byte pieces it
-  // copied itself (no warp barrier): a gate|up job is [NG chunks][2 rows]
-  // [32 lanes][16 B] (NG KB), two in flight; a down job ND KB, RW / ND KB of
-  // them in flight. A job's scales travel in its copy group.
-  constexpr int RW = 2 * NG * 1024;
-  constexpr int RD = (2 * NG) / ND < 16 ? (2 * NG) / ND : 16;  // down jobs the ring holds
-  uint8_t* const ring = actq_s + (((size_t)slots * MI + 15) & ~(size_t)15) + warp * RW + lane * 16;
-  const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
-  auto cp16 = [&](uint32_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(wpol)
-                 : "memory");
-  };
-  auto cp4 = [&](float* dst, const float* src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((uint32_t)__cvta_generic_to_shared(dst)),
-                 "l"(src)
-                 : "memory");
-  };
-
-  // Gate|up jobs of this CTA (job k: unit b + k * G), issued in order into
-  // ring slot k & 1, one copy group each.
-  GuUnit u0{}, u1{};
-  int gu_iss = 0;
-  bool gu_end = false;
-  auto gu_try_issue = [&]() {  // issues job gu_iss if it exists (may route: uniform)
-    if (gu_end) return;
-    GuUnit o;
-    if (!gu_unit(b + gu_iss * G, o)) {
-      gu_end = true;
-      return;
-    }
-    const int slot = gu_iss & 1;
-    const uint32_t d = ring_s + slot * (NG * 1024);
+  // Weights stream into registers with the L2 evict-first hint (read once
+  // a step; they must not flush what the other kernels keep in L2 — copies
+  // into shared memory, cp.async, took 8 us more a layer in the step on an
+  // H100 for that, since ptxas 13.0 miscompiled their hinted form). A
+  // gate|up unit is loaded in two halves (each warp's chunks [0, NH) and
+  // [NH, NG)), each in its own registers, so that while one half is
+  // consumed the next unit's other half is in flight.
+  const uint64_t wpol = l2_policy_stream();
+  constexpr int NH = (NG + 1) / 2;
+  uint4 ga0[NH], gb0[NH], ga1[NH], gb1[NH];
+  float gsc_next = 0.f;  // lane l < 16 of warp 0: the unit's scale of row l / 2, gate (l even) or up
+  auto gu_load = [&](const GuUnit& o, int h, uint4 (&ra)[NH], uint4 (&rb)[NH]) {
 #pragma unroll
-    for (int i = 0; i < NG; ++i) {
-      const int j = warp + i * kT1Warps;
-      if (j < gu_ch) {
-        cp16(d + (2 * i) * 512, o.pa + 64 * j);
-        cp16(d + (2 * i + 1) * 512, o.pb + 64 * j);
+    for (int i = 0; i < NH; ++i) {
+      const int ci = h * NH + i, j = warp + ci * kT1Warps;
+      if (ci < NG && j < gu_ch) {
+        ra[i] = ld_stream_u4(o.pa + 64 * j, wpol);
+        rb[i] = ld_stream_u4(o.pb + 64 * j, wpol);
       }
     }
-    if (warp == 0 && lane < 8) {
-      cp4(&sh.gsc[slot][lane][0], o.sc + o.t * 8 + lane);
-      cp4(&sh.gsc[slot][lane][1], o.sc + MI + o.t * 8 + lane);
-    }
-    cp_async_commit();
-    if (slot) u1 = o;
-    else u0 = o;
-    ++gu_iss;
+    if (h == 0 && warp == 0 && lane < 16) gsc_next = __ldg(o.sc + (lane & 1) * MI + o.t * 8 + (lane >> 1));
   };
-  // The shared expert's first two jobs before anything else (they need
-  // nothing this kernel computes).
-  if (b < n_sh) gu_try_issue();
-  if (gu_iss == 1 && b + G < n_sh) gu_try_issue();
+  auto gu_mma = [&](float (&acc)[4], int h, const uint4 (&ra)[NH], const uint4 (&rb)[NH]) {
+#pragma unroll
+    for (int i = 0; i < NH; ++i) {
+      const int ci = h * NH + i, j = warp + ci * kT1Warps;
+      if (ci < NG && j < gu_ch)
+        t1_mma_chunk(acc, ra[i], rb[i], *reinterpret_cast<const uint4*>(xq_s + 64 * j + 16 * c));
+    }
+  };
+  GuUnit cur{};
+  bool have = false;
+
   // ---- post-attention add + RMSNorm, FP32 (router) and FP8 (experts), in
   // every CTA. Router weights of this CTA's chunk requested first.
   const bool router_cta = b < nk;
@@ -278,19 +288,37 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     const float4* h4 = reinterpret_cast<const float4*>(a.h);
     const float4* d4 = reinterpret_cast<const float4*>(a.delta);
     const float4* w4 = reinterpret_cast<const float4*>(a.post_norm);
-    float ss = 0.f;
+    float4 dv[NV];
+    // The row's loads first: queued behind the weight copies below they
+    // waited for ~160 KB a CTA of weights (8 us on an H100).
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
       if (i < n4) {
         v[k] = __ldcg(h4 + i);
         wn[k] = __ldg(w4 + i);
+        dv[k] = d4 ? __ldcg(d4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    // The shared expert's first two jobs (they need nothing this kernel
+    // computes), and the next layer's norm weights into L2 for the last CTA.
+    if (b < n_sh) {
+      have = gu_unit(b, cur);
+      gu_load(cur, 0, ga0, gb0);
+    }
+    if (tid < (H * 4 + 4095) / 4096 && b == G - 1)
+      prefetch_l2_bulk(reinterpret_cast<const char*>(a.next_norm) + tid * 4096,
+                       (uint32_t)min(4096, H * 4 - tid * 4096));
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int i = tid + k * kT1Threads;
+      if (i < n4) {
         if (d4) {
-          const float4 d = __ldcg(d4 + i);
-          v[k].x = v[k].x + d.x;
-          v[k].y = v[k].y + d.y;
-          v[k].z = v[k].z + d.z;
-          v[k].w = v[k].w + d.w;
+          v[k].x = v[k].x + dv[k].x;
+          v[k].y = v[k].y + dv[k].y;
+          v[k].z = v[k].z + dv[k].z;
+          v[k].w = v[k].w + dv[k].w;
         }
         reinterpret_cast<float4*>(hsum_s)[i] = v[k];
         ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
@@ -348,100 +376,102 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
           p = fmaf(x.z, rw[i].z, p);
           p = fmaf(x.w, rw[i].w, p);
           p = warp_sum(p);
-          if (lane == 0) part[(size_t)b * E + e] = p;
+          if (lane == 0) part[(size_t)b * E + e] = t1_tag(epoch, p);
         }
       }
     }
-    t1_arrive(cnt + kCntRouter);
+    T1_MARK(1);
   }
 
-  // ---- gate|up: consume job k from the ring, request job k + 2 into its
-  // slot, fold the warps' sums, SiLU·up into act.
+  // ---- gate|up: per unit, consume a half, request the next unit's same
+  // half into its registers, then fold the warps' sums, SiLU·up into act.
+  if (have) {
+    gu_load(cur, 1, ga1, gb1);  // after the router's stores, not ahead of them
+  } else if ((have = gu_unit(b, cur))) {  // a routed first unit (may route)
+    gu_load(cur, 0, ga0, gb0);
+    gu_load(cur, 1, ga1, gb1);
+  }
   const float xs = sh.x_scale;
+  T1_MARK(2);
   int par = 0;
-  for (int k = 0;; ++k) {
-    while (gu_iss < k + 2 && !gu_end) gu_try_issue();
-    if (k >= gu_iss) break;
-    cp_async_wait_pending(gu_iss - k - 1);  // job k's group has landed (this lane's copies)
-    const int slot = k & 1;
-    const uint8_t* src = ring + slot * (NG * 1024);
+  for (int k = 0; have; ++k) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int i = 0; i < NG; ++i) {
-      const int j = warp + i * kT1Warps;
-      if (j < gu_ch)
-        t1_mma_chunk(acc, *reinterpret_cast<const uint4*>(src + (2 * i) * 512),
-                     *reinterpret_cast<const uint4*>(src + (2 * i + 1) * 512),
-                     *reinterpret_cast<const uint4*>(xq_s + 64 * j + 16 * c));
-    }
-    const GuUnit done = slot ? u1 : u0;
-    float dg = 0.f, du = 0.f;
-    if (warp == 0 && lane < 8) {
-      dg = sh.gsc[slot][lane][0];
-      du = sh.gsc[slot][lane][1];
-    }
-    if (gu_iss == k + 2) gu_try_issue();  // job k + 2 into the slot just read
+    const float dsc = gsc_next;
+    gu_mma(acc, 0, ga0, gb0);
+    GuUnit nxt;
+    const bool more = gu_unit(b + (k + 1) * G, nxt);  // may route (uniform)
+    if (more) gu_load(nxt, 0, ga0, gb0);
+    gu_mma(acc, 1, ga1, gb1);
+    if (more) gu_load(nxt, 1, ga1, gb1);
     // Every B column carries the token: acc[0] = gate row g, acc[2] = up row g.
     if (c == 0) {
       sh.red[par][warp][0][g][0] = acc[0];
       sh.red[par][warp][0][g][1] = acc[2];
     }
     __syncthreads();
-    if (warp == 0 && lane < 8) {
-      float sg = 0.f, su = 0.f;
-      for (int w = 0; w < kT1Warps; ++w) {
-        sg += sh.red[par][w][0][lane][0];
-        su += sh.red[par][w][0][lane][1];
+    if (warp == 0) {
+      // Lane l < 16 finishes row l / 2's gate (l even) or up (odd).
+      float v = 0.f;
+      if (lane < 16) {
+        float pr[kT1Warps];
+#pragma unroll
+        for (int w = 0; w < kT1Warps; ++w) pr[w] = sh.red[par][w][0][lane >> 1][lane & 1];
+#pragma unroll
+        for (int w = 0; w < kT1Warps; ++w) v += pr[w];  // warp order
+        v = __fmul_rn(__fmul_rn(v, xs), dsc);
       }
-      const float gate = __fmul_rn(__fmul_rn(sg, xs), dg);
-      const float up = __fmul_rn(__fmul_rn(su, xs), du);
-      act[(size_t)done.slot * MI + done.t * 8 + lane] = t1_silu(gate) * up;
+      const float up = __shfl_down_sync(0xffffffffu, v, 1);
+      if (lane < 16 && !(lane & 1))
+        act[(size_t)cur.slot * MI + cur.t * 8 + (lane >> 1)] = t1_tag(epoch, t1_silu(v) * up);
     }
     par ^= 1;
+    cur = nxt;
+    have = more;
   }
+  T1_MARK(3);
   ensure_routing();  // a CTA without a routed unit still needs the slots
-  t1_arrive(cnt + kCntAct);
 
   // ---- down: units of 8 hidden columns, the active slots in pairs. Jobs
-  // (unit, pair) of this CTA in order, job q in ring slot q % RD; all the
-  // ring holds requested before the activations are ready.
+  // (unit, pair) of this CTA in order, RJ of them a round in registers; the
+  // first round requested before the activations are ready.
   const int n_act = sh.n_act;
   const int n_pairs = (n_act + 1) / 2;
   const int my_units = (H / 8 > b) ? (H / 8 - b + G - 1) / G : 0;
   const int n_jobs = my_units * n_pairs;
   const int dn_ch = MI / 64;
-  int dn_iss = 0;
-  auto dn_issue = [&]() {
-    const int q = dn_iss++;
-    const int ui = q / n_pairs, p = q - ui * n_pairs;
-    const int t = b + ui * G;
-    const int sa = sh.act_slot[2 * p];
-    const int sb = 2 * p + 1 < n_act ? sh.act_slot[2 * p + 1] : sa;
-    const uint8_t* pa = a.e_down + ((int64_t)sh.ids[sa] * H + t * 8 + g) * MI + 16 * c;
-    const uint8_t* pb = a.e_down + ((int64_t)sh.ids[sb] * H + t * 8 + g) * MI + 16 * c;
-    const int slot = q % RD;
-    const uint32_t d = ring_s + slot * (ND * 1024);
+  constexpr int RJ = ND <= 2 ? 4 : 1;
+  uint4 da[RJ][ND], db[RJ][ND];
+  float jd_next[RJ];  // lane l < 16 of warp 0: job's down scale of row l / 2, slot half l & 1
+  auto dn_load = [&](int q0) {
 #pragma unroll
-    for (int i = 0; i < ND; ++i) {
-      const int j = warp + i * kT1Warps;
-      if (j < dn_ch) {
-        cp16(d + (2 * i) * 512, pa + 64 * j);
-        cp16(d + (2 * i + 1) * 512, pb + 64 * j);
+    for (int jr = 0; jr < RJ; ++jr) {
+      const int q = q0 + jr;
+      if (q >= n_jobs) break;
+      const int ui = q / n_pairs, p = q - ui * n_pairs;
+      const int t = b + ui * G;
+      const int sa = sh.act_slot[2 * p];
+      const int sb = 2 * p + 1 < n_act ? sh.act_slot[2 * p + 1] : sa;
+      const uint8_t* pa = a.e_down + ((int64_t)sh.ids[sa] * H + t * 8 + g) * MI + 16 * c;
+      const uint8_t* pb = a.e_down + ((int64_t)sh.ids[sb] * H + t * 8 + g) * MI + 16 * c;
+#pragma unroll
+      for (int i = 0; i < ND; ++i) {
+        const int j = warp + i * kT1Warps;
+        if (j < dn_ch) {
+          da[jr][i] = ld_stream_u4(pa + 64 * j, wpol);
+          db[jr][i] = ld_stream_u4(pb + 64 * j, wpol);
+        }
       }
+      if (warp == 0 && lane < 16)
+        jd_next[jr] = __ldg(a.e_down_scale + (int64_t)sh.ids[(lane & 1) ? sb : sa] * H + t * 8 + (lane >> 1));
     }
-    if (warp == 0 && lane < 8) {
-      cp4(&sh.dsc[slot][lane][0], a.e_down_scale + (int64_t)sh.ids[sa] * H + t * 8 + lane);
-      cp4(&sh.dsc[slot][lane][1], a.e_down_scale + (int64_t)sh.ids[sb] * H + t * 8 + lane);
-    }
-    cp_async_commit();
   };
-  while (dn_iss < n_jobs && dn_iss < RD) dn_issue();
+  if (n_jobs > 0) dn_load(0);
 
-  t1_wait(cnt + kCntAct, G);
+  T1_MARK(4);
   // The activations of the active slots, quantized per slot row as
   // silu_mul_quant_fp8 does (s = max(amax / 448, min), q = e4m3(a / s)).
   for (int ai = 0; ai < n_act; ++ai) {
-    const float* row = act + (size_t)sh.act_slot[ai] * MI;
+    const unsigned long long* row = act + (size_t)sh.act_slot[ai] * MI;
     const int n4 = MI / 4;
     constexpr int NV = 2;  // MI <= 4096
     float4 v[NV];
@@ -450,7 +480,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
       if (i < n4) {
-        v[k] = __ldcg(reinterpret_cast<const float4*>(row) + i);
+        v[k] = t1_poll4(row + 4 * i, epoch);
         amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
       }
     }
@@ -468,20 +498,18 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     __syncthreads();  // scratch reuse
   }
 
-  float comb = 0.f;  // lanes < 8 of warp 0: the running combine of column t * 8 + lane
-  for (int q0 = 0; q0 < n_jobs; q0 += kT1DownJobs) {
-    float acc[kT1DownJobs][4];
+  float comb = 0.f;  // lanes 2g < 16 of warp 0: the running combine of column t * 8 + g
+  T1_MARK(5);
+  for (int q0 = 0; q0 < n_jobs; q0 += RJ) {
+    float acc[RJ][4];
+    float jd[RJ];
 #pragma unroll
-    for (int jr = 0; jr < kT1DownJobs; ++jr) acc[jr][0] = acc[jr][1] = acc[jr][2] = acc[jr][3] = 0.f;
-    float ja[kT1DownJobs], jb[kT1DownJobs];
-#pragma unroll
-    for (int jr = 0; jr < kT1DownJobs; ++jr) {
+    for (int jr = 0; jr < RJ; ++jr) {
+      acc[jr][0] = acc[jr][1] = acc[jr][2] = acc[jr][3] = 0.f;
+      jd[jr] = jd_next[jr];
       const int q = q0 + jr;
-      ja[jr] = jb[jr] = 0.f;
-      if (q >= n_jobs) break;
-      cp_async_wait_pending(dn_iss - q - 1);
-      const int p = q % n_pairs, slot = q % RD;
-      const uint8_t* src = ring + slot * (ND * 1024);
+      if (q >= n_jobs) continue;
+      const int p = q % n_pairs;
       // B column g: the activations of the pair's first slot (g even) or
       // second (g odd; zeros when the pair has one slot).
       const int ai = 2 * p + (g & 1);
@@ -492,55 +520,55 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
         if (j < dn_ch) {
           const uint4 x = live ? *reinterpret_cast<const uint4*>(actq_s + (size_t)ai * MI + 64 * j + 16 * c)
                                : make_uint4(0, 0, 0, 0);
-          t1_mma_chunk(acc[jr], *reinterpret_cast<const uint4*>(src + (2 * i) * 512),
-                       *reinterpret_cast<const uint4*>(src + (2 * i + 1) * 512), x);
+          t1_mma_chunk(acc[jr], da[jr][i], db[jr][i], x);
         }
       }
-      if (warp == 0 && lane < 8) {
-        ja[jr] = sh.dsc[slot][lane][0];
-        jb[jr] = sh.dsc[slot][lane][1];
-      }
     }
-    // Slots read: the ring takes the next jobs.
-    while (dn_iss < n_jobs && dn_iss < q0 + kT1DownJobs + RD) dn_issue();
+    if (q0 + RJ < n_jobs) dn_load(q0 + RJ);  // the next round, into the registers just read
     // acc[0] = row g of the first slot x its activations (column 2c), acc[3] =
     // row g of the second x its (column 2c + 1).
     if (c == 0) {
 #pragma unroll
-      for (int jr = 0; jr < kT1DownJobs; ++jr) {
+      for (int jr = 0; jr < RJ; ++jr) {
         sh.red[par][warp][jr][g][0] = acc[jr][0];
         sh.red[par][warp][jr][g][1] = acc[jr][3];
       }
     }
     __syncthreads();
-    if (warp == 0 && lane < 8) {
+    if (warp == 0) {
+      // Lane l < 16: row l / 2's product for the pair's slot l & 1; lanes 2g
+      // then fold the pair into the row's combine in slot order.
 #pragma unroll
-      for (int jr = 0; jr < kT1DownJobs; ++jr) {
+      for (int jr = 0; jr < RJ; ++jr) {
         const int q = q0 + jr;
         if (q >= n_jobs) break;
         const int ui = q / n_pairs, p = q - ui * n_pairs;
-        float s0 = 0.f, s1 = 0.f;
-        for (int w = 0; w < kT1Warps; ++w) {
-          s0 += sh.red[par][w][jr][lane][0];
-          s1 += sh.red[par][w][jr][lane][1];
-        }
-        if (p == 0) comb = 0.f;
         const int i0 = 2 * p;
-        const float y0 = __fmul_rn(__fmul_rn(s0, sh.act_scale[i0]), ja[jr]);
-        comb = __fmaf_rn(sh.w[sh.act_slot[i0]], y0, comb);
-        if (i0 + 1 < n_act) {
-          const float y1 = __fmul_rn(__fmul_rn(s1, sh.act_scale[i0 + 1]), jb[jr]);
-          comb = __fmaf_rn(sh.w[sh.act_slot[i0 + 1]], y1, comb);
+        float y = 0.f;
+        if (lane < 16) {
+          float pr[kT1Warps];
+#pragma unroll
+          for (int w = 0; w < kT1Warps; ++w) pr[w] = sh.red[par][w][jr][lane >> 1][lane & 1];
+          float sum = 0.f;
+#pragma unroll
+          for (int w = 0; w < kT1Warps; ++w) sum += pr[w];  // warp order
+          const int ai = i0 + (lane & 1);
+          if (ai < n_act) y = __fmul_rn(__fmul_rn(sum, sh.act_scale[ai]), jd[jr]);
         }
-        if (p == n_pairs - 1) {
-          const int n = (b + ui * G) * 8 + lane;
-          a.h[n] = hsum_s[n] + comb;
+        const float y1 = __shfl_down_sync(0xffffffffu, y, 1);
+        if (lane < 16 && !(lane & 1)) {
+          if (p == 0) comb = 0.f;
+          comb = __fmaf_rn(sh.w[sh.act_slot[i0]], y, comb);
+          if (i0 + 1 < n_act) comb = __fmaf_rn(sh.w[sh.act_slot[i0 + 1]], y1, comb);
+          if (p == n_pairs - 1) {
+            const int n = (b + ui * G) * 8 + (lane >> 1);
+            a.h[n] = hsum_s[n] + comb;
+          }
         }
       }
     }
     par ^= 1;
   }
-  cp_async_wait_pending(0);
   if (n_pairs == 0) {  // no expert on this GPU for the token: h = h + delta
     for (int ui = 0; ui < my_units; ++ui)
       if (tid < 8) {
@@ -549,6 +577,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
       }
   }
 
+  T1_MARK(6);
   // ---- the next layer's input norm, by the last CTA to finish.
   __syncthreads();
   __shared__ int last;
@@ -559,10 +588,10 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
   }
   __syncthreads();
   if (!last) return;
+  T1_MARK(7);
   if (tid == 0) {
-    cnt[kCntRouter] = 0;
-    cnt[kCntAct] = 0;
     cnt[kCntDone] = 0;
+    cnt[kEpoch] = (int)epoch;
   }
   {
     constexpr int NV = 4;
@@ -607,6 +636,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
                                                   ((uint32_t)f32_to_e4m3(v[k].w / s) << 24);
     }
     if (tid == 0) a.out_scale[0] = s;
+    T1_MARK(8);
   }
 }
 
@@ -641,10 +671,9 @@ cudaError_t t1_launch_epl(const MoeT1Args& a, int grid, size_t smem, cudaStream_
 }
 
 // Dynamic shared memory: h + delta and the normed row (FP32), the FP8 row,
-// the slots' FP8 activations, the 16 warps' weight rings (2 * NG KB each).
-size_t t1_smem(int H, int MI, int slots, int NG) {
-  return (size_t)H * (2 * sizeof(float) + 1) + (((size_t)slots * MI + 15) & ~(size_t)15) +
-         (size_t)kT1Warps * 2 * NG * 1024;
+// the slots' FP8 activations.
+size_t t1_smem(int H, int MI, int slots) {
+  return (size_t)H * (2 * sizeof(float) + 1) + (((size_t)slots * MI + 15) & ~(size_t)15);
 }
 
 // The instantiation's gate|up chunks per warp (NG; down: 1, 2, 4 with it).
@@ -659,18 +688,18 @@ int t1_slots(const RouterArgs& r) { return r.slots > 0 ? r.slots : r.top_k + (r.
 
 bool moe_decode_t1_supported(int H, int MI, int E, int slots) {
   if (!(H >= kT1RouterChunk && H % kT1RouterChunk == 0 && H <= 8192 && MI >= 64 && MI % 64 == 0 && MI <= 4096 &&
-        E >= 1 && E <= 32 * kMaxExpertsPerLane && slots >= 1 && slots <= kT1MaxSlots))
+        E >= 1 && E <= 32 * kMaxExpertsPerLane && E <= H && slots >= 1 && slots <= kT1MaxSlots))
     return false;
   // The current device: sm_90, an SM per router chunk, the shared memory.
   int dev = 0;
   DeviceInfo di;
   if (device_info(dev, di) != cudaSuccess) return false;
   return di.major >= 9 && di.sms >= H / kT1RouterChunk &&
-         t1_smem(H, MI, slots, t1_ng(H, MI)) + sizeof(T1Shared) <= (size_t)di.smem_optin;
+         t1_smem(H, MI, slots) + sizeof(T1Shared) <= (size_t)di.smem_optin;
 }
 
 size_t moe_decode_t1_workspace_bytes(int H, int MI, int E, int slots) {
-  return kT1HeaderBytes + ((size_t)(H / kT1RouterChunk) * E + (size_t)slots * MI) * sizeof(float);
+  return kT1HeaderBytes + ((size_t)(H / kT1RouterChunk) * E + (size_t)slots * MI) * sizeof(unsigned long long);
 }
 
 cudaError_t moe_decode_t1(const MoeT1Args& a, cudaStream_t st) {
@@ -691,9 +720,9 @@ cudaError_t moe_decode_t1(const MoeT1Args& a, cudaStream_t st) {
   if (e != cudaSuccess) return e;
   const int grid = di.sms;
   const int NG = t1_ng(a.H, a.MI);
-  if (di.major < 9 || grid < a.H / kT1RouterChunk || t1_smem(a.H, a.MI, slots, NG) + sizeof(T1Shared) > (size_t)di.smem_optin)
+  if (di.major < 9 || grid < a.H / kT1RouterChunk || t1_smem(a.H, a.MI, slots) + sizeof(T1Shared) > (size_t)di.smem_optin)
     return cudaErrorNotSupported;
-  const size_t smem = t1_smem(a.H, a.MI, slots, NG);
+  const size_t smem = t1_smem(a.H, a.MI, slots);
   if (NG == 1) return t1_launch_epl<1, 1>(a, grid, smem, st);
   if (NG == 5) return t1_launch_epl<5, 2>(a, grid, smem, st);
   return t1_launch_epl<8, 4>(a, grid, smem, st);

@@ -8,7 +8,7 @@
 // own weights (so L2 never holds them), microseconds per layer, next to the
 // weight bytes' time at the HBM floor.
 //
-//   moe_decode_check [--seed N] [--bench | --bench-only]
+//   moe_decode_check [--seed N] [--shape NAME] [--bench | --bench-only]
 #define CHECK_NAME_W 22
 #define CHECK_DETAIL_W 52
 #include <cublasLt.h>
@@ -170,7 +170,8 @@ void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st) {
   CK(combine_add_rmsnorm(b.ysort.p, b.inv.p, b.w.p, slots, nullptr, next, st));
 }
 
-void run_fused(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st) {
+void run_fused(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st,
+               unsigned long long* trace = nullptr) {
   MoeT1Args a;
   a.h = b.h.p;
   a.delta = b.delta.p;
@@ -190,6 +191,7 @@ void run_fused(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st) {
   a.out_q = b.out_q.p;
   a.out_scale = b.out_scale.p;
   a.workspace = b.t1_ws.p;
+  a.trace = trace;
   CK(moe_decode_t1(a, st));
 }
 
@@ -296,6 +298,35 @@ void bench_shape(const Shape& s, int layers) {
          "(%.1f MB/layer: %.2f us at 3.11 TB/s)\n",
          s.name, s.H, s.MI, s.E, slots, 1e3 * chain / layers, 1e3 * fused / layers, bytes / 1e6,
          bytes / 3.11e6);
+  // Where one launch's time goes: each CTA's phase stamps (the last of 20
+  // back-to-back launches), microseconds from the first CTA's start.
+  {
+    int dev = 0, sms = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    Dev<unsigned long long> tr((size_t)9 * sms);
+    tr.zero();
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    for (int i = 0; i < layers; ++i) run_fused(s, *Ls[i], b, st, i == layers - 1 ? tr.p : nullptr);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaStreamDestroy(st));
+    const auto t = tr.down();
+    unsigned long long t0 = ~0ull;
+    for (int c = 0; c < sms; ++c) t0 = std::min(t0, t[c]);
+    const char* names[9] = {"start", "router partials out", "norm + router done", "gate|up done",
+                            "activations ready", "down start", "down done", "last CTA: norm start",
+                            "last CTA: end"};
+    for (int i = 0; i < 9; ++i) {
+      std::vector<double> v;
+      for (int c = 0; c < sms; ++c)
+        if (t[(size_t)i * sms + c]) v.push_back((t[(size_t)i * sms + c] - t0) * 1e-3);
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      printf("phase %-22s CTAs %3zu  min %6.2f  median %6.2f  max %6.2f us\n", names[i], v.size(), v.front(),
+             v[v.size() / 2], v.back());
+    }
+  }
   for (auto* l : Ls) delete l;
 }
 
@@ -304,12 +335,14 @@ void bench_shape(const Shape& s, int layers) {
 int main(int argc, char** argv) {
   uint64_t seed = 1;
   bool do_bench = false, only_bench = false;
+  const char* only_shape = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
+    else if (!strcmp(argv[i], "--shape") && i + 1 < argc) only_shape = argv[++i];
     else {
-      fprintf(stderr, "usage: moe_decode_check [--seed N] [--bench | --bench-only]\n");
+      fprintf(stderr, "usage: moe_decode_check [--seed N] [--shape NAME] [--bench | --bench-only]\n");
       return 2;
     }
   }
@@ -321,11 +354,30 @@ int main(int argc, char** argv) {
       {"tiny-f32", 256, 128, 8, 2, 1, 1, true},
       {"tiny-bf16g", 256, 128, 16, 4, 4, 2, true},
       {"demo-go", 256, 256, 8, 2, 1, 1, true},
-      {"E160", 5120, 1536, 160, 8, 1, 1, true},
+      {"E160", 5120, 1536, 160, 4, 1, 1, true},
       {"no-shared", 1024, 512, 32, 2, 1, 1, false},
   };
-  if (!only_bench)
-    for (const Shape& s : shapes) check_shape(s, 4);
+  if (!only_bench) {
+    // Refusals: what the kernel does not take comes back as an error, and
+    // moe_decode_t1_supported says so first.
+    {
+      const bool sup = moe_decode_t1_supported(5120, 1536, 600, 2) || moe_decode_t1_supported(8320, 1536, 20, 2) ||
+                       moe_decode_t1_supported(5120, 1500, 20, 2) || moe_decode_t1_supported(5120, 1536, 20, 17);
+      report("moe_decode_t1 refusal", "supported(): E 600, H 8320, MI 1500, 17 slots",
+             sup ? 1.0 : 0.0, 0);
+      MoeT1Args a;
+      a.H = 5120;
+      a.MI = 1500;
+      a.sel.T = 1;
+      a.sel.E = 20;
+      a.sel.top_k = 1;
+      report("moe_decode_t1 refusal", "launch with MI 1500 -> cudaErrorInvalidValue",
+             moe_decode_t1(a, 0) == cudaErrorInvalidValue ? 0.0 : 1.0, 0);
+      CK(cudaGetLastError());
+    }
+    for (const Shape& s : shapes)
+      if (!only_shape || !strcmp(only_shape, s.name)) check_shape(s, 4);
+  }
   if (do_bench) bench_shape(rank, 20);
   const int fails = failed_checks();
   if (!only_bench) print_table("err");
