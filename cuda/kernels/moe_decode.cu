@@ -300,9 +300,12 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
         dv[k] = d4 ? __ldcg(d4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
-    // The shared expert's first two jobs (they need nothing this kernel
-    // computes), and the next layer's norm weights into L2 for the last CTA.
-    if (b < n_sh) {
+    // The first half of the shared expert's first unit (it needs nothing
+    // this kernel computes) — not in the router's CTAs: a load that finds
+    // the SM's outstanding requests full stalls the warp at issue, and their
+    // norm and partials gate every CTA's routing — and the next layer's
+    // norm weights into L2 for the last CTA.
+    if (b < n_sh && !router_cta) {
       have = gu_unit(b, cur);
       gu_load(cur, 0, ga0, gb0);
     }
@@ -387,7 +390,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
   // half into its registers, then fold the warps' sums, SiLU·up into act.
   if (have) {
     gu_load(cur, 1, ga1, gb1);  // after the router's stores, not ahead of them
-  } else if ((have = gu_unit(b, cur))) {  // a routed first unit (may route)
+  } else if ((have = gu_unit(b, cur))) {  // a router CTA's, or a routed first unit (may route)
     gu_load(cur, 0, ga0, gb0);
     gu_load(cur, 1, ga1, gb1);
   }
