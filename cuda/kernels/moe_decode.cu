@@ -111,6 +111,43 @@ __device__ __forceinline__ float t1_poll(const unsigned long long* p, unsigned e
 
 __device__ __forceinline__ float t1_silu(float g) { return g / (1.0f + expf(-g)); }
 
+__device__ __forceinline__ float t1_amax4(const float4& y) {
+  return fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
+}
+// Four values to E4M3 under scale s (q = e4m3(v / s)), packed little-end first.
+__device__ __forceinline__ uint32_t t1_pack4(const float4& v, float s) {
+  return (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
+         ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
+}
+// RMSNorm of the row held as NV float4 per thread (v, element tid + k * 512 of
+// n4), in place: y = w * (v * r), r = 1/sqrt(mean(v^2) + eps), with the
+// float operations of norm_rope.cu's norm_row_tail; y also to y_out (shared,
+// optional). Returns the row's FP8 scale max(amax / 448, min).
+template <int NV>
+__device__ __forceinline__ float t1_norm_row(float4 (&v)[NV], const float4 (&w)[NV], int n4, int H, float eps,
+                                             float* scratch, float* y_out) {
+  const int tid = threadIdx.x;
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (tid + k * kT1Threads < n4) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+  ss = block_reduce(ss, scratch, SumOp());
+  const float r = 1.0f / sqrtf(ss / (float)H + eps);
+  float amax = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int i = tid + k * kT1Threads;
+    if (i < n4) {
+      v[k] = make_float4(w[k].x * (v[k].x * r), w[k].y * (v[k].y * r), w[k].z * (v[k].z * r), w[k].w * (v[k].w * r));
+      if (y_out) reinterpret_cast<float4*>(y_out)[i] = v[k];
+      amax = fmaxf(amax, t1_amax4(v[k]));
+    }
+  }
+  __syncthreads();  // scratch reuse
+  amax = block_reduce(amax, scratch, MaxOp());
+  return fmaxf(amax / kFp8Max, kMinActScale);
+}
+
 // One 64-byte K chunk of a 16-row A tile against 32 bytes of B per lane:
 // lane (g, c) holds bytes 16c..16c+15 of the chunk of rows g (a) and g + 8
 // (b) and of B column g (x) — the fragment mapping of gemm.cu's streaming
@@ -312,7 +349,6 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     if (tid < (H * 4 + 4095) / 4096 && b == G - 1)
       prefetch_l2_bulk(reinterpret_cast<const char*>(a.next_norm) + tid * 4096,
                        (uint32_t)min(4096, H * 4 - tid * 4096));
-    float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
@@ -324,37 +360,13 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
           v[k].w = v[k].w + dv[k].w;
         }
         reinterpret_cast<float4*>(hsum_s)[i] = v[k];
-        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
       }
     }
-    ss = block_reduce(ss, sh.scratch, SumOp());
-    const float r = 1.0f / sqrtf(ss / (float)H + a.eps);
-    float amax = 0.f;
+    const float s = t1_norm_row<NV>(v, wn, n4, H, a.eps, sh.scratch, xf_s);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
-      if (i < n4) {
-        float4 y;
-        y.x = wn[k].x * (v[k].x * r);
-        y.y = wn[k].y * (v[k].y * r);
-        y.z = wn[k].z * (v[k].z * r);
-        y.w = wn[k].w * (v[k].w * r);
-        v[k] = y;
-        reinterpret_cast<float4*>(xf_s)[i] = y;
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
-      }
-    }
-    __syncthreads();  // scratch reuse
-    amax = block_reduce(amax, sh.scratch, MaxOp());
-    const float s = fmaxf(amax / kFp8Max, kMinActScale);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int i = tid + k * kT1Threads;
-      if (i < n4)
-        reinterpret_cast<uint32_t*>(xq_s)[i] = (uint32_t)f32_to_e4m3(v[k].x / s) |
-                                               ((uint32_t)f32_to_e4m3(v[k].y / s) << 8) |
-                                               ((uint32_t)f32_to_e4m3(v[k].z / s) << 16) |
-                                               ((uint32_t)f32_to_e4m3(v[k].w / s) << 24);
+      if (i < n4) reinterpret_cast<uint32_t*>(xq_s)[i] = t1_pack4(v[k], s);
     }
     if (tid == 0) sh.x_scale = s;
   }
@@ -484,7 +496,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
       const int i = tid + k * kT1Threads;
       if (i < n4) {
         v[k] = t1_poll4(row + 4 * i, epoch);
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[k].x), fabsf(v[k].y)), fmaxf(fabsf(v[k].z), fabsf(v[k].w))));
+        amax = fmaxf(amax, t1_amax4(v[k]));
       }
     }
     amax = block_reduce(amax, sh.scratch, MaxOp());
@@ -493,9 +505,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
       if (i < n4)
-        reinterpret_cast<uint32_t*>(actq_s + (size_t)ai * MI)[i] =
-            (uint32_t)f32_to_e4m3(v[k].x / s) | ((uint32_t)f32_to_e4m3(v[k].y / s) << 8) |
-            ((uint32_t)f32_to_e4m3(v[k].z / s) << 16) | ((uint32_t)f32_to_e4m3(v[k].w / s) << 24);
+        reinterpret_cast<uint32_t*>(actq_s + (size_t)ai * MI)[i] = t1_pack4(v[k], s);
     }
     if (tid == 0) sh.act_scale[ai] = s;
     __syncthreads();  // scratch reuse
@@ -600,43 +610,19 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     constexpr int NV = 4;
     const int n4 = H / 4;
     float4 v[NV], wn[NV];
-    float ss = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
       if (i < n4) {
         v[k] = __ldcg(reinterpret_cast<const float4*>(a.h) + i);
         wn[k] = __ldg(reinterpret_cast<const float4*>(a.next_norm) + i);
-        ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
       }
     }
-    ss = block_reduce(ss, sh.scratch, SumOp());
-    const float r = 1.0f / sqrtf(ss / (float)H + a.eps);
-    float amax = 0.f;
+    const float s = t1_norm_row<NV>(v, wn, n4, H, a.eps, sh.scratch, nullptr);
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
-      if (i < n4) {
-        float4 y;
-        y.x = wn[k].x * (v[k].x * r);
-        y.y = wn[k].y * (v[k].y * r);
-        y.z = wn[k].z * (v[k].z * r);
-        y.w = wn[k].w * (v[k].w * r);
-        v[k] = y;
-        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w))));
-      }
-    }
-    __syncthreads();
-    amax = block_reduce(amax, sh.scratch, MaxOp());
-    const float s = fmaxf(amax / kFp8Max, kMinActScale);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int i = tid + k * kT1Threads;
-      if (i < n4)
-        reinterpret_cast<uint32_t*>(a.out_q)[i] = (uint32_t)f32_to_e4m3(v[k].x / s) |
-                                                  ((uint32_t)f32_to_e4m3(v[k].y / s) << 8) |
-                                                  ((uint32_t)f32_to_e4m3(v[k].z / s) << 16) |
-                                                  ((uint32_t)f32_to_e4m3(v[k].w / s) << 24);
+      if (i < n4) reinterpret_cast<uint32_t*>(a.out_q)[i] = t1_pack4(v[k], s);
     }
     if (tid == 0) a.out_scale[0] = s;
     T1_MARK(8);
