@@ -676,8 +676,11 @@ cudaError_t moe_combine(const float* y, const int* inv, const float* w, int T, i
 // near-tie of two logits). Expert weights [groups][2*MI][H] / [groups][H][MI]
 // with per-row scales; router W [E][H] FP32. workspace:
 // moe_decode_t1_workspace_bytes, zeroed once after allocation (each launch
-// leaves it so). cudaErrorNotSupported where the device cannot hold one CTA
-// per SM of it or has fewer SMs than H / 128.
+// leaves it reusable; launches on one stream or in a graph may share it).
+// moe_decode_t1_supported checks the shape (H % 128 == 0, H <= 8192, MI % 64
+// == 0, MI <= 4096, E <= min(512, H), slots <= 16) and the current device
+// (sm_90, at least H / 128 SMs, the shared memory); what it refuses, the
+// launch returns as cudaErrorInvalidValue.
 struct MoeT1Args {
   float* h = nullptr;             // [H] residual row (updated)
   const float* delta = nullptr;   // [H] o_proj's output, added first (optional)

@@ -7,12 +7,14 @@
 // Why: at batch 1 those stages were seven launches a layer (norm, router,
 // gate|up, SiLU, down, combine + next norm; ~41 us on an H100 for ~15 us of
 // weight bytes), each paying its start, its first loads and its tail. Here one
-// CTA per SM runs them all; the CTAs meet at three counters in global memory
-// (the router's partial logits, the activations, the end), and every CTA
-// issues its next weight loads before it waits, so the weight stream barely
-// stops between the stages. Row-wide steps (the norms, the routing, the
-// activations' scales) are computed redundantly by every CTA from L2 instead
-// of by one CTA behind another barrier.
+// CTA per SM runs them all (batch 1 on an H100, rank share: 6.1 -> 5.5 ms a
+// step, docs/perf.md 2026-11-28). The router's partial logits and the
+// activations pass between CTAs as (launch epoch, value) words the readers
+// poll; one counter finds the last CTA, which normalises the row for the next
+// layer. Every CTA requests its next weights before it waits, so the weight
+// stream seldom stops between the stages, and row-wide steps (the norms, the
+// routing, the activations' scales) are computed redundantly by every CTA
+// from L2 instead of by one CTA behind another hand-off.
 //
 // Work: gate|up in units of 8 intermediate columns of one slot (the 16 rows
 // of an mma A tile: 8 gate rows and their 8 up rows, so SiLU·up happens in
