@@ -11,7 +11,6 @@
 //   moe_decode_check [--seed N] [--shape NAME] [--bench | --bench-only]
 #define CHECK_NAME_W 22
 #define CHECK_DETAIL_W 52
-#include <cublasLt.h>
 #include <cuda_fp8.h>
 
 #include "check.cuh"
