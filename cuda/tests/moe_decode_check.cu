@@ -104,20 +104,26 @@ RouterArgs sel_args(const Shape& s, const Layer& L, Bufs& b) {
   return r;
 }
 
+// add_rmsnorm's arguments for the token's residual row b.h, FP8 out.
+AddNormArgs row_norm(const Shape& s, Bufs& b, const float* weight, uint8_t* q, float* scale) {
+  AddNormArgs n;
+  n.h = b.h.p;
+  n.weight = weight;
+  n.rows = 1;
+  n.hidden = s.H;
+  n.eps = 1e-5f;
+  n.out_q = q;
+  n.out_scale = scale;
+  return n;
+}
+
 // The runtime's chain of launches for one MoE layer of a one-token step
 // (mlp_block before moe_decode_t1): h and the next layer's FP8 row.
 void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st) {
   const int slots = s.top_k + s.shared, G = s.E + s.shared;
-  AddNormArgs n;
-  n.h = b.h.p;
+  AddNormArgs n = row_norm(s, b, L.post_norm.p, b.xq.p, b.xs.p);
   n.delta = b.delta.p;
-  n.weight = L.post_norm.p;
-  n.rows = 1;
-  n.hidden = s.H;
-  n.eps = 1e-5f;
   n.out_f32 = b.xf.p;
-  n.out_q = b.xq.p;
-  n.out_scale = b.xs.p;
   CK(add_rmsnorm(n, st));
   RouterFusedArgs rf;
   rf.sel = sel_args(s, L, b);
@@ -158,15 +164,8 @@ void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st) {
   d.Y = b.ysort.p;
   d.ldy = s.H;
   CK(gemm_fp8_stream(d, st));
-  AddNormArgs next;
-  next.h = b.h.p;
-  next.weight = L.next_norm.p;
-  next.rows = 1;
-  next.hidden = s.H;
-  next.eps = 1e-5f;
-  next.out_q = b.out_q.p;
-  next.out_scale = b.out_scale.p;
-  CK(combine_add_rmsnorm(b.ysort.p, b.inv.p, b.w.p, slots, nullptr, next, st));
+  CK(combine_add_rmsnorm(b.ysort.p, b.inv.p, b.w.p, slots, nullptr,
+                         row_norm(s, b, L.next_norm.p, b.out_q.p, b.out_scale.p), st));
 }
 
 void run_fused(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st,
