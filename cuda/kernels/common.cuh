@@ -71,6 +71,11 @@ struct MinOp {
 __device__ __forceinline__ uint8_t f32_to_e4m3(float v) {
   return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
+// Four values to E4M3 under scale s (q = e4m3(v / s)), packed low byte first.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d, float s) {
+  return (uint32_t)f32_to_e4m3(a / s) | ((uint32_t)f32_to_e4m3(b / s) << 8) |
+         ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
+}
 
 __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
   __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);

@@ -73,15 +73,6 @@ struct T1Shared {
     }                                                                           \
   } while (0)
 
-// 16 weight bytes, read once a step: not kept in L1, first out of L2.
-__device__ __forceinline__ uint4 ld_stream_u4(const uint8_t* p, uint64_t policy) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p), "l"(policy));
-  return r;
-}
-
 __device__ __forceinline__ unsigned long long t1_tag(unsigned epoch, float v) {
   return ((unsigned long long)epoch << 32) | __float_as_uint(v);
 }
@@ -116,10 +107,8 @@ __device__ __forceinline__ float t1_silu(float g) { return g / (1.0f + expf(-g))
 __device__ __forceinline__ float t1_amax4(const float4& y) {
   return fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
 }
-// Four values to E4M3 under scale s (q = e4m3(v / s)), packed little-end first.
 __device__ __forceinline__ uint32_t t1_pack4(const float4& v, float s) {
-  return (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
-         ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
+  return pack_e4m3x4(v.x, v.y, v.z, v.w, s);
 }
 // RMSNorm of the row held as NV float4 per thread (v, element tid + k * 512 of
 // n4), in place: y = w * (v * r), r = 1/sqrt(mean(v^2) + eps), with the
@@ -290,8 +279,8 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     for (int i = 0; i < NH; ++i) {
       const int ci = h * NH + i, j = warp + ci * kT1Warps;
       if (ci < NG && j < gu_ch) {
-        ra[i] = ld_stream_u4(o.pa + 64 * j, wpol);
-        rb[i] = ld_stream_u4(o.pb + 64 * j, wpol);
+        ra[i] = ld_stream_v4(o.pa + 64 * j, wpol);
+        rb[i] = ld_stream_v4(o.pb + 64 * j, wpol);
       }
     }
     if (h == 0 && warp == 0 && lane < 16) gsc_next = __ldg(o.sc + (lane & 1) * MI + o.t * 8 + (lane >> 1));
@@ -456,7 +445,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
   const int my_units = (H / 8 > b) ? (H / 8 - b + G - 1) / G : 0;
   const int n_jobs = my_units * n_pairs;
   const int dn_ch = MI / 64;
-  constexpr int RJ = ND <= 2 ? 4 : 1;
+  constexpr int RJ = ND <= 2 ? kT1DownJobs : 1;
   uint4 da[RJ][ND], db[RJ][ND];
   float jd_next[RJ];  // lane l < 16 of warp 0: job's down scale of row l / 2, slot half l & 1
   auto dn_load = [&](int q0) {
@@ -474,8 +463,8 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
       for (int i = 0; i < ND; ++i) {
         const int j = warp + i * kT1Warps;
         if (j < dn_ch) {
-          da[jr][i] = ld_stream_u4(pa + 64 * j, wpol);
-          db[jr][i] = ld_stream_u4(pb + 64 * j, wpol);
+          da[jr][i] = ld_stream_v4(pa + 64 * j, wpol);
+          db[jr][i] = ld_stream_v4(pb + 64 * j, wpol);
         }
       }
       if (warp == 0 && lane < 16)

@@ -56,11 +56,6 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
 // order of the sum of squares differs (r may move by an ulp).
 constexpr int kNormVecMax = 8;
 
-__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d, float s) {
-  return (uint32_t)f32_to_e4m3(a / s) | ((uint32_t)f32_to_e4m3(b / s) << 8) |
-         ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
-}
-
 // The normalisation of one row held in registers (v = h + delta, NV float4
 // per thread, w the weights): sum of squares, y = weight * (h * r), the
 // outputs, and with out_q the row quantized to E4M3. Shared by
