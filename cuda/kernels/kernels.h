@@ -708,6 +708,60 @@ bool moe_decode_t1_supported(int H, int MI, int E, int slots);
 size_t moe_decode_t1_workspace_bytes(int H, int MI, int E, int slots);
 cudaError_t moe_decode_t1(const MoeT1Args& a, cudaStream_t st);
 
+// ------------------------------------------------------------ attn_layer.cu
+// The attention half of a one-token decode layer on one GPU in one launch (one
+// CTA per SM, cooperative), from the layer's FP8 input row: qkv = x . Wqkv
+// (per-row scales, + bias); q and k heads RMSNorm (q_norm / k_norm, optional)
+// + RoPE (the first rot_dim dims, rotate_half); the new token's K and V (BF16)
+// into the paged cache at slots[0] (unless < 0); attention of the n_q_heads
+// query heads (GQA: head h reads KV head h / (n_q_heads / n_kv_heads)) over
+// keys [0, ctx_len[0]) of the sequence (block table at block_tables +
+// bt_offset[0]; the last key is the new token's) with scores q.k * scale;
+// the output row quantized to FP8 per row; delta = o . Wo (per-row scales,
+// FP32, [H]). What add-free q|k|v gemm_fp8_stream + qk_norm_rope_kv_write +
+// attention_decode (FP8 output) + o_proj gemm_fp8_stream compute, to FP32
+// rounding (other summation orders; an FP8 code of the attention output may
+// move one step). head_dim 128, BF16 cache. workspace:
+// attn_layer_t1_workspace_bytes(n_q_heads, n_kv_heads, ctas >= the device's
+// SMs), zeroed once after allocation (each launch leaves it reusable).
+// attn_layer_t1_supported checks the shape (H % 64 == 0, H <= 8192, n_q_heads
+// <= 16, n_kv_heads <= 8, rot_dim % 8 == 0, <= 128) and the current device
+// (sm_90, at least 4 * n_q_heads SMs, the shared memory).
+struct AttnT1Args {
+  const uint8_t* xq = nullptr;  // [H] FP8 input row
+  const float* xs = nullptr;    // [1] its scale
+  int H = 0, n_q_heads = 0, n_kv_heads = 0, rot_dim = 64;
+  const uint8_t* qkv_w = nullptr;  // [(n_q_heads + 2 n_kv_heads) * 128][H]
+  const float* qkv_scale = nullptr;
+  const float* qkv_bias = nullptr;  // optional
+  const float* q_norm = nullptr;    // [128], optional
+  const float* k_norm = nullptr;
+  float eps = 1e-5f;
+  const float* inv_freq = nullptr;  // [rot_dim / 2]
+  const int* positions = nullptr;   // [1]
+  const int* slots = nullptr;       // [1]
+  const int* ctx_len = nullptr;     // [1]
+  const int* bt_offset = nullptr;   // [1]
+  const int* block_tables = nullptr;
+  int block_size = 16;
+  __nv_bfloat16* k_cache = nullptr;  // [blocks][n_kv_heads][block_size][128]
+  __nv_bfloat16* v_cache = nullptr;
+  float scale = 0.f;                 // softmax scale (1 / sqrt(128))
+  const uint8_t* o_w = nullptr;      // [H][n_q_heads * 128]
+  const float* o_scale = nullptr;
+  float* delta = nullptr;            // [H]
+  void* workspace = nullptr;
+  int ws_ctas = 0;                   // the CTAs the workspace was sized for
+  // Benches only: [11][grid] %globaltimer stamps of each CTA's phases (start,
+  // q|k|v out, q|k|v polled, q/k norm + RoPE done, first scores done, split
+  // out, merge polled, merge out, o_proj weights requested, output polled,
+  // o_proj done); null otherwise.
+  unsigned long long* trace = nullptr;
+};
+bool attn_layer_t1_supported(int H, int n_q_heads, int n_kv_heads, int rot_dim);
+size_t attn_layer_t1_workspace_bytes(int n_q_heads, int n_kv_heads, int ctas);
+cudaError_t attn_layer_t1(const AttnT1Args& a, cudaStream_t st);
+
 // ---------------------------------------------------------------- embed.cu
 // h[t, :] = float(table[ids[t], :])
 cudaError_t embed_gather(const __nv_bfloat16* table, const int* ids, int T, int H, float* h,

@@ -1,0 +1,655 @@
+// attn_layer.cu — the attention half of a one-token decode layer in one
+// persistent launch (docs/cuda.md "attn_layer_t1"): q|k|v (FP8 weights, FP32
+// bias), q/k RMSNorm + RoPE, the new token's K and V into the paged BF16
+// cache, split-KV attention over the sequence's keys, the splits' merge, the
+// output's FP8 quantization and o_proj into the residual's delta row.
+//
+// Why: at batch 1 those stages were four launches a layer (q|k|v, rope + KV
+// write, attention with its in-launch merge, o_proj; ~24 us on an H100 in
+// the step for ~6 us of weight and KV bytes, docs/perf.md 2026-11-28), each
+// paying its start, its first loads and its tail, and o_proj's weights could
+// not start streaming before the attention had ended. Here one CTA per SM
+// runs them all: every CTA requests its share of the q|k|v weights and of
+// its split's KV lines at once, then, once its q|k|v rows are out, its
+// o_proj weights, which arrive while the attention and the merge run.
+// Values pass between CTAs as (launch epoch, value) words (handoff.cuh).
+//
+// Work:
+//   q|k|v   units of 8 output rows, two units a 16-row mma A tile (units b,
+//           b + G of CTA b, ...); the 16 warps split K in 64-byte chunks
+//           and their sums are folded in warp order (deterministic).
+//   attn    split s < S of the keys in CTA s (S = ceil(ctx / keys per
+//           split), keys per split a multiple of 16 so that S <= G). Every
+//           split CTA polls the q|k|v row, normalises and rotates q and k
+//           itself (the rope kernel's float operations), and computes for
+//           all query heads at once from its keys in shared memory (BF16,
+//           K and V of every KV head of a key, 64 KB tiles): scores in FP32
+//           from q rounded to BF16 after scale * log2(e) (as the decode
+//           kernel's mma), online softmax in the log2 domain, P rounded to
+//           BF16 for P.V. The CTA holding the new token's key takes its K and
+//           V from its own q|k|v row (and writes them to the cache).
+//   merge   (head, 32 dims) jobs on the last CTAs: m, l and o of every split,
+//           weights exp2(m_s - max), the normalised 32 dims published.
+//   o_proj  every CTA polls the 1 x (heads * 128) output, quantizes it (per
+//           row, as the decode kernel's FP8 output), and finishes its o_proj
+//           units (8 rows each, two a tile) with the weights it requested
+//           before the attention: delta[n] = (acc * x_scale) * w_scale[n].
+// Numerics: the GEMMs' products are those of the streaming kernels summed in
+// another order; the attention's are those of attention_decode in FP32 FMA
+// instead of mma order. Results match the kernel chain to FP32 rounding and
+// the occasional FP8 code one step away.
+#include "common.cuh"
+#include "handoff.cuh"
+
+namespace glmk {
+namespace {
+
+constexpr int kA1Threads = 512;
+constexpr int kA1Warps = kA1Threads / 32;
+constexpr int kA1D = 128;
+constexpr int kA1MaxQHeads = 16;
+constexpr int kA1TileBytes = 64 * 1024;  // one KV tile in shared memory
+constexpr int kA1SplitRound = 16;        // keys per split: a multiple of this
+constexpr int kA1MaxOTiles = 4;          // o_proj tiles one round holds
+constexpr size_t kA1HeaderBytes = 256;
+enum { kA1Done = 0, kA1Epoch = 1 };
+constexpr float kA1Log2e = 1.4426950408889634f;
+
+struct A1Shared {
+  float red[kA1MaxOTiles][kA1Warps][16];
+  float scratch[32];
+  float m_run[kA1MaxQHeads], l_run[kA1MaxQHeads], alpha[kA1MaxQHeads];
+  float cs[64], sn[64];
+  float4 mo[kA1Warps][8];  // the merge: each warp's sum of 32 dims
+  float ml[kA1Warps];      // ... and of l
+  float x_scale, o_scale;
+  int last;
+};
+
+// Workspace (after the header), 8-byte tagged words: the q|k|v row, the
+// splits' unnormalised outputs [G][nq][128], the merged output [nq][128],
+// the splits' (m, l) [G][nq][2].
+struct A1Ws {
+  unsigned long long *qkv, *po, *o, *ml;
+};
+__host__ __device__ inline A1Ws a1_ws(void* base, int nq, int nkv, int ctas) {
+  A1Ws w;
+  w.qkv = reinterpret_cast<unsigned long long*>(static_cast<char*>(base) + kA1HeaderBytes);
+  w.po = w.qkv + (size_t)(nq + 2 * nkv) * kA1D;
+  w.o = w.po + (size_t)ctas * nq * kA1D;
+  w.ml = w.o + (size_t)nq * kA1D;
+  return w;
+}
+
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// The SM's clock next to T1_MARK(i) (benches: cycles against nanoseconds).
+#define A1_CLK(i)                                                                \
+  do {                                                                           \
+    if (a.trace && threadIdx.x == 0) a.trace[(11 + (i)) * gridDim.x + blockIdx.x] = clock64(); \
+  } while (0)
+
+// Shared-memory byte offset of 16-byte chunk c of KV row r (a key's one KV
+// head, 256 bytes): XOR-swizzled so that threads reading the same chunk of
+// consecutive rows hit different banks.
+__device__ __forceinline__ int a1_chunk(int r, int c) { return r * 256 + ((c ^ (r & 7)) << 4); }
+
+template <int NQ, int NO, int OT>
+__global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
+  T1_MARK(0); A1_CLK(0);
+  extern __shared__ __align__(16) unsigned char dsm[];
+  __shared__ A1Shared sh;
+  const int H = a.H, nq = a.n_q_heads, nkv = a.n_kv_heads, Gq = nq / nkv;
+  const int n_qkv = (nq + 2 * nkv) * kA1D;
+  const int KO = nq * kA1D;  // o_proj's K
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int G = gridDim.x, b = blockIdx.x;
+  const int KT = kA1TileBytes / (nkv * 2 * 256);  // keys per tile
+  uint8_t* xq_s = dsm;                                                   // [H] FP8 input row
+  unsigned char* kv_s = dsm + ((H + 15) & ~15);                          // [KT][nkv] K rows, then V rows
+  float* qkv_s = reinterpret_cast<float*>(kv_s + kA1TileBytes);          // [n_qkv]
+  float* sc_s = qkv_s + n_qkv;                                           // [nq][KT] scores, then P
+  uint8_t* oq_s = reinterpret_cast<uint8_t*>(sc_s + (size_t)nq * KT);    // [KO] FP8 attention output
+  int* cnt = static_cast<int*>(a.workspace);
+  const A1Ws ws = a1_ws(a.workspace, nq, nkv, a.ws_ctas);
+  const unsigned epoch = (unsigned)__ldcg(cnt + kA1Epoch) + 1u;
+  const uint64_t wpol = l2_policy_stream();
+
+  // ---- the split of the keys (the same in every CTA)
+  const int ctx = a.ctx_len[0];  // keys, the new token's (ctx - 1) included
+  int kps = (ctx + G - 1) / G;
+  kps = (kps + kA1SplitRound - 1) / kA1SplitRound * kA1SplitRound;
+  const int S = (ctx + kps - 1) / kps;
+  const bool split_cta = b < S;
+  const int k0 = b * kps, k1 = min(ctx, k0 + kps);
+  const int* bt = a.block_tables + a.bt_offset[0];
+  const int bs = a.block_size;
+  // Copies keys [t0, t0 + nt) of this split (those in the cache: < ctx - 1)
+  // into kv_s; rows r * nkv + h, K rows first, V rows KT * nkv rows later.
+  auto kv_issue = [&](int t0, int nt) {
+    const int n = nt * nkv * 16;  // 16-byte chunks of K (and as many of V)
+    const uint32_t base = (uint32_t)__cvta_generic_to_shared(kv_s);
+    for (int i = tid; i < n; i += kA1Threads) {
+      const int ch = i & 15, rr = i >> 4, r = rr / nkv, h = rr - r * nkv;
+      const int key = t0 + r;
+      if (key >= ctx - 1) continue;
+      const int64_t off = (((int64_t)bt[key / bs] * nkv + h) * bs + key % bs) * kA1D + ch * 8;
+      cp_async_cg16(base + a1_chunk(rr, ch), a.k_cache + off, 0);
+      cp_async_cg16(base + KT * nkv * 256 + a1_chunk(rr, ch), a.v_cache + off, 0);
+    }
+    cp_async_commit();
+  };
+  if (split_cta) kv_issue(k0, min(KT, k1 - k0));
+  // What the split's q/k norm + RoPE needs from memory, now (its loads
+  // would otherwise wait behind the weight stream): the angles, the norm
+  // weights of this lane's 4 dims.
+  const int half = a.rot_dim / 2;
+  float4 qn_w = make_float4(1.f, 1.f, 1.f, 1.f), kn_w = qn_w;
+  if (split_cta) {
+    const int pos = a.positions[0];
+    for (int j = tid; j < half; j += kA1Threads) {
+      float s_, c_;
+      sincosf((float)pos * a.inv_freq[j], &s_, &c_);
+      sh.sn[j] = s_;
+      sh.cs[j] = c_;
+    }
+    if (a.q_norm) qn_w = reinterpret_cast<const float4*>(a.q_norm)[lane];
+    if (a.k_norm) kn_w = reinterpret_cast<const float4*>(a.k_norm)[lane];
+  }
+
+  // ---- the input row into shared memory, the q|k|v weights of the first tile
+  {
+    const uint4* x4 = reinterpret_cast<const uint4*>(a.xq);
+    for (int i = tid; i < H / 16; i += kA1Threads) reinterpret_cast<uint4*>(xq_s)[i] = __ldcg(x4 + i);
+    if (tid == 0) sh.x_scale = __ldcg(a.xs);
+  }
+  const int q_units = n_qkv / 8, q_ch = H / 64;
+  const int my_q_units = q_units > b ? (q_units - b + G - 1) / G : 0;
+  uint4 qa[NQ], qb[NQ];
+  auto q_load = [&](int tile) {
+    const int ua = b + 2 * tile * G, ub = ua + G;
+    const uint8_t* pa = a.qkv_w + ((int64_t)ua * 8 + g) * H + 16 * c;
+    const uint8_t* pb = a.qkv_w + ((int64_t)ub * 8 + g) * H + 16 * c;
+    const bool hb = ub < q_units;
+#pragma unroll
+    for (int i = 0; i < NQ; ++i) {
+      const int j = warp + i * kA1Warps;
+      if (j < q_ch) {
+        qa[i] = ld_stream_v4(pa + 64 * j, wpol);
+        qb[i] = hb ? ld_stream_v4(pb + 64 * j, wpol) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  const int q_tiles = (my_q_units + 1) / 2;
+  if (q_tiles > 0) q_load(0);
+  __syncthreads();  // xq_s
+
+  // ---- q|k|v: per tile, mma, fold the warps' sums, publish the rows.
+  const float xs = sh.x_scale;
+  for (int tile = 0; tile < q_tiles; ++tile) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < NQ; ++i) {
+      const int j = warp + i * kA1Warps;
+      if (j < q_ch) t1_mma_chunk(acc, qa[i], qb[i], *reinterpret_cast<const uint4*>(xq_s + 64 * j + 16 * c));
+    }
+    if (tile + 1 < q_tiles) q_load(tile + 1);
+    if (c == 0) {
+      sh.red[0][warp][g] = acc[0];
+      sh.red[0][warp][8 + g] = acc[2];
+    }
+    __syncthreads();
+    if (tid < 16) {
+      const int u = b + (2 * tile + (tid >> 3)) * G;
+      if (u < q_units) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kA1Warps; ++w) v += sh.red[0][w][tid];  // warp order
+        const int n = u * 8 + (tid & 7);
+        float y = __fmul_rn(__fmul_rn(v, xs), __ldg(a.qkv_scale + n));
+        if (a.qkv_bias) y = __fadd_rn(y, __ldg(a.qkv_bias + n));
+        ws.qkv[n] = t1_tag(epoch, y);
+      }
+    }
+    __syncthreads();  // red reuse
+  }
+  T1_MARK(1); A1_CLK(1);
+
+  // ---- o_proj: this CTA's units b, b + G, ... (two a tile). Their weights
+  // go into registers once this CTA's part of the attention is done, and
+  // arrive while the merge runs: loads in flight hold the SM's outstanding
+  // requests, and a poll issued behind them waits for them (an H100: the
+  // q|k|v row polled 3 us after the last CTA had published it, behind 60 KB
+  // a CTA of o_proj loads issued before the poll). Prefetching them into L2
+  // right after q|k|v instead slowed the q|k|v stream of the CTAs still in it.
+  const int o_units = H / 8, o_ch = KO / 64;
+  const int my_o_units = o_units > b ? (o_units - b + G - 1) / G : 0;
+  const int o_tiles = (my_o_units + 1) / 2;
+  uint4 oa[OT][NO], ob[OT][NO];
+  auto o_load = [&](int t0) {
+#pragma unroll
+    for (int t = 0; t < OT; ++t) {
+      const int tile = t0 + t;
+      if (tile >= o_tiles) break;
+      const int ua = b + 2 * tile * G, ub = ua + G;
+      const uint8_t* pa = a.o_w + ((int64_t)ua * 8 + g) * KO + 16 * c;
+      const uint8_t* pb = a.o_w + ((int64_t)ub * 8 + g) * KO + 16 * c;
+      const bool hb = ub < o_units;
+#pragma unroll
+      for (int i = 0; i < NO; ++i) {
+        const int j = warp + i * kA1Warps;
+        if (j < o_ch) {
+          oa[t][i] = ld_stream_v4(pa + 64 * j, wpol);
+          ob[t][i] = hb ? ld_stream_v4(pb + 64 * j, wpol) : make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+  };
+
+  // ---- attention over this CTA's split
+  if (split_cta) {
+    const int slot = a.slots[0];
+    for (int i = tid; i < n_qkv / 4; i += kA1Threads)
+      reinterpret_cast<float4*>(qkv_s)[i] = t1_poll4(ws.qkv + 4 * i, epoch);
+    __syncthreads();
+    T1_MARK(2); A1_CLK(2);
+    // q and k heads: RMSNorm + RoPE (qk_rope_kernel's operations), one warp
+    // a head; q then scaled to log2 units and rounded to BF16, k and v
+    // rounded to BF16 (what the cache holds).
+    const float qsc = a.scale * kA1Log2e;
+    const int q4 = half / 4;
+    for (int hd = warp; hd < nq + 2 * nkv; hd += kA1Warps) {
+      float4 v = reinterpret_cast<float4*>(qkv_s + hd * kA1D)[lane];
+      const bool is_q = hd < nq, is_k = !is_q && hd < nq + nkv;
+      if (is_q || is_k) {
+        if (is_q ? a.q_norm != nullptr : a.k_norm != nullptr) {
+          const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
+          const float r = 1.0f / sqrtf(ss / 128.0f + a.eps);
+          const float4 wv = is_q ? qn_w : kn_w;
+          v.x = wv.x * (v.x * r);
+          v.y = wv.y * (v.y * r);
+          v.z = wv.z * (v.z * r);
+          v.w = wv.w * (v.w * r);
+        }
+        int src = lane;
+        if (lane < q4) src = lane + q4;
+        else if (lane < 2 * q4) src = lane - q4;
+        const float px = __shfl_sync(0xffffffffu, v.x, src), py = __shfl_sync(0xffffffffu, v.y, src);
+        const float pz = __shfl_sync(0xffffffffu, v.z, src), pw = __shfl_sync(0xffffffffu, v.w, src);
+        if (lane < 2 * q4) {
+          const float sgn = lane < q4 ? -1.0f : 1.0f;
+          float xv[4] = {v.x, v.y, v.z, v.w};
+          const float ps[4] = {px, py, pz, pw};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int j = (lane * 4 + i) % half;
+            xv[i] = xv[i] * sh.cs[j] + sgn * ps[i] * sh.sn[j];
+          }
+          v = make_float4(xv[0], xv[1], xv[2], xv[3]);
+        }
+      }
+      if (is_q) {
+        v = make_float4(bf16_round(v.x * qsc), bf16_round(v.y * qsc), bf16_round(v.z * qsc), bf16_round(v.w * qsc));
+      } else {
+        v = make_float4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
+        // The new token's K / V into the cache, by the CTA that holds its key.
+        if (b == S - 1 && slot >= 0) {
+          const int kvh = is_k ? hd - nq : hd - nq - nkv;
+          const int64_t elem = (((int64_t)(slot / bs) * nkv + kvh) * bs + slot % bs) * kA1D + lane * 4;
+          __nv_bfloat16* dst = (is_k ? a.k_cache : a.v_cache) + elem;
+          reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(v.x, v.y);
+          reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(v.z, v.w);
+        }
+      }
+      reinterpret_cast<float4*>(qkv_s + hd * kA1D)[lane] = v;
+    }
+    T1_MARK(3); A1_CLK(3);
+    if (tid < nq) {
+      sh.m_run[tid] = -INFINITY;
+      sh.l_run[tid] = 0.f;
+    }
+    const int ohd = tid >> 5, od4 = lane;  // P.V: thread (head, 4 dims), tid < nq * 32
+    float4 o_acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    const int kv_rows = KT * nkv;
+    for (int t0 = k0; t0 < k1; t0 += KT) {
+      const int nt = min(KT, k1 - t0);
+      if (t0 > k0) {
+        __syncthreads();  // the previous tile's reads
+        kv_issue(t0, nt);
+      }
+      cp_async_wait_pending(0);
+      __syncthreads();  // every thread's copies; q, k, v normalised
+      // The new token's key from the q|k|v row (BF16 values, as cached).
+      if (ctx - 1 >= t0 && ctx - 1 < t0 + nt) {
+        const int r = ctx - 1 - t0;
+        for (int i = tid; i < nkv * 32; i += kA1Threads) {
+          const int h = i >> 5, q = i & 31;  // 4 dims 4q..4q+3 of KV head h
+          const float4 kf = reinterpret_cast<const float4*>(qkv_s + (nq + h) * kA1D)[q];
+          const float4 vf = reinterpret_cast<const float4*>(qkv_s + (nq + nkv + h) * kA1D)[q];
+          const int rr = r * nkv + h;
+          const int off = a1_chunk(rr, q >> 1) + (q & 1) * 8;
+          __nv_bfloat162* kd = reinterpret_cast<__nv_bfloat162*>(kv_s + off);
+          __nv_bfloat162* vd = reinterpret_cast<__nv_bfloat162*>(kv_s + kv_rows * 256 + off);
+          kd[0] = __floats2bfloat162_rn(kf.x, kf.y);
+          kd[1] = __floats2bfloat162_rn(kf.z, kf.w);
+          vd[0] = __floats2bfloat162_rn(vf.x, vf.y);
+          vd[1] = __floats2bfloat162_rn(vf.z, vf.w);
+        }
+        __syncthreads();
+      }
+      // Scores: 4 lanes a (head, key), 32 dims each (chunks q, q + 4, ...),
+      // FP32, folded by two shuffles.
+      for (int p0 = tid >> 2; p0 < ((nq * nt + 7) & ~7); p0 += kA1Threads / 4) {
+        const int p = min(p0, nq * nt - 1);  // whole warps in the shuffles
+        const int h = p / nt, r = p - h * nt, qq = tid & 3;
+        const int rr = r * nkv + h / Gq;
+        const float4* qv = reinterpret_cast<const float4*>(qkv_s + h * kA1D);
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int ch = qq + 4 * i;
+          const uint4 kq = *reinterpret_cast<const uint4*>(kv_s + a1_chunk(rr, ch));
+          const float4 qa4 = qv[2 * ch], qb4 = qv[2 * ch + 1];
+          const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kq);
+          const float2 k01 = __bfloat1622float2(k2[0]), k23 = __bfloat1622float2(k2[1]);
+          const float2 k45 = __bfloat1622float2(k2[2]), k67 = __bfloat1622float2(k2[3]);
+          s0 = fmaf(qa4.x, k01.x, s0);
+          s1 = fmaf(qa4.y, k01.y, s1);
+          s0 = fmaf(qa4.z, k23.x, s0);
+          s1 = fmaf(qa4.w, k23.y, s1);
+          s0 = fmaf(qb4.x, k45.x, s0);
+          s1 = fmaf(qb4.y, k45.y, s1);
+          s0 = fmaf(qb4.z, k67.x, s0);
+          s1 = fmaf(qb4.w, k67.y, s1);
+        }
+        float sv = s0 + s1;
+        sv += __shfl_xor_sync(0xffffffffu, sv, 1);
+        sv += __shfl_xor_sync(0xffffffffu, sv, 2);
+        if (qq == 0 && p0 < nq * nt) sc_s[h * KT + r] = sv;
+      }
+      __syncthreads();
+      if (t0 == k0) { T1_MARK(4); A1_CLK(4); }
+      // Online softmax, warp h: the tile's max, P = exp2(s - m), l.
+      if (warp < nq) {
+        const int h = warp;
+        float mt = -INFINITY;
+        for (int r = lane; r < nt; r += 32) mt = fmaxf(mt, sc_s[h * KT + r]);
+        mt = warp_max(mt);
+        const float m_old = sh.m_run[h], m_new = fmaxf(m_old, mt);
+        float ls = 0.f;
+        for (int r = lane; r < nt; r += 32) {
+          const float p = exp2f(sc_s[h * KT + r] - m_new);
+          ls += p;
+          sc_s[h * KT + r] = bf16_round(p);
+        }
+        ls = warp_sum(ls);
+        __syncwarp();
+        if (lane == 0) {
+          const float al = exp2f(m_old - m_new);
+          sh.alpha[h] = al;
+          sh.m_run[h] = m_new;
+          sh.l_run[h] = sh.l_run[h] * al + ls;
+        }
+      }
+      __syncthreads();
+      // O = alpha * O + P.V: thread (head, 4 dims).
+      if (ohd < nq) {
+        const float al = sh.alpha[ohd];
+        float4 o = make_float4(o_acc.x * al, o_acc.y * al, o_acc.z * al, o_acc.w * al);
+        const int kvh = ohd / Gq;
+        const float* pr = sc_s + ohd * KT;
+        for (int r = 0; r < nt; ++r) {
+          const int off = kv_rows * 256 + a1_chunk(r * nkv + kvh, od4 >> 1) + (od4 & 1) * 8;
+          const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(kv_s + off);
+          const float2 v01 = __bfloat1622float2(v2[0]), v23 = __bfloat1622float2(v2[1]);
+          const float p = pr[r];
+          o.x = fmaf(p, v01.x, o.x);
+          o.y = fmaf(p, v01.y, o.y);
+          o.z = fmaf(p, v23.x, o.z);
+          o.w = fmaf(p, v23.y, o.w);
+        }
+        o_acc = o;
+      }
+    }
+    // The split's partial: O unnormalised, m and l.
+    if (ohd < nq) {
+      ulonglong2* dst = reinterpret_cast<ulonglong2*>(ws.po + ((size_t)b * nq + ohd) * kA1D + 4 * od4);
+      dst[0] = make_ulonglong2(t1_tag(epoch, o_acc.x), t1_tag(epoch, o_acc.y));
+      dst[1] = make_ulonglong2(t1_tag(epoch, o_acc.z), t1_tag(epoch, o_acc.w));
+      if (od4 == 0)
+        *reinterpret_cast<ulonglong2*>(ws.ml + ((size_t)b * nq + ohd) * 2) =
+            make_ulonglong2(t1_tag(epoch, sh.m_run[ohd]), t1_tag(epoch, sh.l_run[ohd]));
+    }
+    T1_MARK(5); A1_CLK(5);
+  }
+  const int job = G - 1 - b;  // the merge's job of this CTA (below)
+  const bool merge_cta = job < nq * 4;
+  if (!merge_cta) o_load(0);
+
+  // ---- the merge: job (head, 32 dims) on CTA G - 1 - job, in one round of
+  // polls: thread (split group sg, float4 f) merges splits sg, sg + 64, ...
+  // online, then the groups are folded (max, rescale, a fixed tree).
+  if (merge_cta) {
+    const int h = job >> 2, d0 = (job & 3) * 32;
+    const int f = tid & 7, sg = tid >> 3;
+    constexpr int kGroups = kA1Threads / 8, kR = 3;
+    float m_t = -INFINITY, l_t = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = sg; s0 < S; s0 += kGroups * kR) {
+      unsigned long long w[kR][6];
+      for (;;) {
+        bool ready = true;
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          const int s = s0 + kGroups * r;
+          if (s >= S) break;
+          const unsigned long long* pm = ws.ml + ((size_t)s * nq + h) * 2;
+          const unsigned long long* po = ws.po + ((size_t)s * nq + h) * kA1D + d0 + 4 * f;
+          asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(w[r][0]), "=l"(w[r][1]) : "l"(pm) : "memory");
+          asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(w[r][2]), "=l"(w[r][3]) : "l"(po) : "memory");
+          asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];" : "=l"(w[r][4]), "=l"(w[r][5]) : "l"(po + 2) : "memory");
+        }
+#pragma unroll
+        for (int r = 0; r < kR; ++r) {
+          if (s0 + kGroups * r >= S) break;
+#pragma unroll
+          for (int k = 0; k < 6; ++k) ready = ready && (unsigned)(w[r][k] >> 32) == epoch;
+        }
+        if (ready) break;
+      }
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (s0 + kGroups * r >= S) break;
+        const float m = __uint_as_float((unsigned)w[r][0]), l = __uint_as_float((unsigned)w[r][1]);
+        const float mn = fmaxf(m_t, m), ao = exp2f(m_t - mn), an = exp2f(m - mn);
+        l_t = l_t * ao + l * an;
+        acc.x = acc.x * ao + an * __uint_as_float((unsigned)w[r][2]);
+        acc.y = acc.y * ao + an * __uint_as_float((unsigned)w[r][3]);
+        acc.z = acc.z * ao + an * __uint_as_float((unsigned)w[r][4]);
+        acc.w = acc.w * ao + an * __uint_as_float((unsigned)w[r][5]);
+        m_t = mn;
+      }
+    }
+    T1_MARK(6); A1_CLK(6);
+    const float M = block_reduce(m_t, sh.scratch, MaxOp());
+    const float sc = m_t == -INFINITY ? 0.f : exp2f(m_t - M);
+    float l = l_t * sc;
+    acc = make_float4(acc.x * sc, acc.y * sc, acc.z * sc, acc.w * sc);
+#pragma unroll
+    for (int o = 8; o < 32; o <<= 1) {  // the warp's 4 split groups (lane bits 3, 4)
+      acc.x += __shfl_xor_sync(0xffffffffu, acc.x, o);
+      acc.y += __shfl_xor_sync(0xffffffffu, acc.y, o);
+      acc.z += __shfl_xor_sync(0xffffffffu, acc.z, o);
+      acc.w += __shfl_xor_sync(0xffffffffu, acc.w, o);
+      l += __shfl_xor_sync(0xffffffffu, l, o);
+    }
+    if (lane < 8) sh.mo[warp][lane] = acc;
+    if (lane == 0) sh.ml[warp] = l;
+    __syncthreads();
+    if (tid < 8) {
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+      float L = 0.f;
+#pragma unroll
+      for (int w = 0; w < kA1Warps; ++w) {  // warp order
+        const float4 v = sh.mo[w][tid];
+        o.x += v.x;
+        o.y += v.y;
+        o.z += v.z;
+        o.w += v.w;
+        L += sh.ml[w];
+      }
+      const float il = 1.0f / L;
+      unsigned long long* dst = ws.o + h * kA1D + d0 + 4 * tid;
+      reinterpret_cast<ulonglong2*>(dst)[0] = make_ulonglong2(t1_tag(epoch, o.x * il), t1_tag(epoch, o.y * il));
+      reinterpret_cast<ulonglong2*>(dst)[1] = make_ulonglong2(t1_tag(epoch, o.z * il), t1_tag(epoch, o.w * il));
+    }
+    T1_MARK(7); A1_CLK(7);
+  }
+
+  if (merge_cta) o_load(0);
+  T1_MARK(8); A1_CLK(8);
+
+  // ---- the attention output, quantized (per row, the decode kernel's FP8
+  // output), then o_proj.
+  {
+    float amax = 0.f;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (tid < KO / 4) {
+      v = t1_poll4(ws.o + 4 * tid, epoch);
+      amax = t1_amax4(v);
+    }
+    amax = block_reduce(amax, sh.scratch, MaxOp());
+    const float s = fmaxf(amax / kFp8Max, kMinActScale);
+    if (tid < KO / 4) reinterpret_cast<uint32_t*>(oq_s)[tid] = t1_pack4(v, s);
+    if (tid == 0) sh.o_scale = s;
+    __syncthreads();
+  }
+  T1_MARK(9); A1_CLK(9);
+  const float os = sh.o_scale;
+  for (int t0 = 0; t0 < o_tiles; t0 += OT) {
+    if (t0 > 0) o_load(t0);
+    float acc[OT][4];
+#pragma unroll
+    for (int t = 0; t < OT; ++t) {
+      acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
+      if (t0 + t >= o_tiles) continue;
+#pragma unroll
+      for (int i = 0; i < NO; ++i) {
+        const int j = warp + i * kA1Warps;
+        if (j < o_ch) t1_mma_chunk(acc[t], oa[t][i], ob[t][i], *reinterpret_cast<const uint4*>(oq_s + 64 * j + 16 * c));
+      }
+    }
+    if (c == 0) {
+#pragma unroll
+      for (int t = 0; t < OT; ++t) {
+        sh.red[t][warp][g] = acc[t][0];
+        sh.red[t][warp][8 + g] = acc[t][2];
+      }
+    }
+    __syncthreads();
+    if (tid < OT * 16) {
+      const int t = tid >> 4, r = tid & 15;
+      const int u = b + (2 * (t0 + t) + (r >> 3)) * G;
+      if (t0 + t < o_tiles && u < o_units) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kA1Warps; ++w) v += sh.red[t][w][r];  // warp order
+        const int n = u * 8 + (r & 7);
+        a.delta[n] = __fmul_rn(__fmul_rn(v, os), __ldg(a.o_scale + n));
+      }
+    }
+    __syncthreads();  // red reuse
+  }
+  T1_MARK(10); A1_CLK(10);
+
+  // ---- the last CTA to finish advances the epoch for the next launch.
+  if (tid == 0) {
+    const bool last = atomicAdd(cnt + kA1Done, 1) == G - 1;
+    if (last) {
+      cnt[kA1Done] = 0;
+      asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(cnt + kA1Epoch), "r"((int)epoch) : "memory");
+    }
+  }
+}
+
+template <int NQ, int NO, int OT>
+cudaError_t a1_launch(const AttnT1Args& a, int grid, size_t smem, cudaStream_t st) {
+  auto fn = attn_t1_kernel<NQ, NO, OT>;
+  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  // Cooperative: every CTA resident at once (they wait on each other), or
+  // the launch fails instead of hanging.
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(kA1Threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, fn, a);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+size_t a1_smem(int H, int nq, int nkv) {
+  const int KT = kA1TileBytes / (nkv * 2 * 256);
+  return (size_t)((H + 15) & ~15) + kA1TileBytes + (size_t)(nq + 2 * nkv) * kA1D * 4 + (size_t)nq * KT * 4 +
+         (size_t)nq * kA1D;
+}
+
+bool a1_shape_ok(int H, int nq, int nkv, int rot_dim) {
+  return H >= 64 && H % 64 == 0 && H <= 8192 && nkv >= 1 && nkv <= 8 && nq >= nkv && nq % nkv == 0 &&
+         nq <= kA1MaxQHeads && rot_dim >= 8 && rot_dim <= 128 && rot_dim % 8 == 0;
+}
+
+}  // namespace
+
+bool attn_layer_t1_supported(int H, int n_q_heads, int n_kv_heads, int rot_dim) {
+  if (!a1_shape_ok(H, n_q_heads, n_kv_heads, rot_dim)) return false;
+  int dev = 0;
+  DeviceInfo di;
+  if (device_info(dev, di) != cudaSuccess) return false;
+  // sm_90; the merge's jobs (4 a head) on distinct CTAs; the shared memory.
+  return di.major >= 9 && di.sms >= 4 * n_q_heads &&
+         a1_smem(H, n_q_heads, n_kv_heads) + sizeof(A1Shared) <= (size_t)di.smem_optin;
+}
+
+size_t attn_layer_t1_workspace_bytes(int n_q_heads, int n_kv_heads, int ctas) {
+  if (n_q_heads <= 0 || n_kv_heads <= 0 || ctas <= 0) return 0;
+  const size_t words = (size_t)(n_q_heads + 2 * n_kv_heads) * kA1D + (size_t)ctas * n_q_heads * kA1D +
+                       (size_t)n_q_heads * kA1D + (size_t)ctas * n_q_heads * 2;
+  return kA1HeaderBytes + words * sizeof(unsigned long long);
+}
+
+cudaError_t attn_layer_t1(const AttnT1Args& a, cudaStream_t st) {
+  if (!a1_shape_ok(a.H, a.n_q_heads, a.n_kv_heads, a.rot_dim) || a.block_size <= 0 || !a.xq || !a.xs ||
+      !a.qkv_w || !a.qkv_scale || !a.inv_freq || !a.positions || !a.slots || !a.ctx_len || !a.bt_offset ||
+      !a.block_tables || !a.k_cache || !a.v_cache || !a.o_w || !a.o_scale || !a.delta || !a.workspace ||
+      (uintptr_t)a.xq % 16 || (uintptr_t)a.qkv_w % 16 || (uintptr_t)a.o_w % 16 || (uintptr_t)a.k_cache % 16 ||
+      (uintptr_t)a.v_cache % 16 || (uintptr_t)a.workspace % 32 || (a.q_norm && (uintptr_t)a.q_norm % 16) ||
+      (a.k_norm && (uintptr_t)a.k_norm % 16))
+    return cudaErrorInvalidValue;
+  int dev = 0;
+  DeviceInfo di;
+  cudaError_t e = device_info(dev, di);
+  if (e != cudaSuccess) return e;
+  const int grid = di.sms;
+  if (grid > a.ws_ctas) return cudaErrorInvalidValue;  // workspace sized for fewer CTAs
+  const size_t smem = a1_smem(a.H, a.n_q_heads, a.n_kv_heads);
+  if (di.major < 9 || grid < 4 * a.n_q_heads || smem + sizeof(A1Shared) > (size_t)di.smem_optin)
+    return cudaErrorNotSupported;
+  // Chunks of 64 bytes per warp: q|k|v's K = H, o_proj's K = heads * 128;
+  // o_proj tiles (two units of 8 rows) a CTA holds in one round.
+  const int nq_ch = (a.H / 64 + kA1Warps - 1) / kA1Warps;
+  const int no_ch = (a.n_q_heads * 2 + kA1Warps - 1) / kA1Warps;
+  const int units = (a.H / 8 + grid - 1) / grid;
+  const int ot = std::min((units + 1) / 2, kA1MaxOTiles);
+  if (nq_ch <= 1 && no_ch <= 1 && ot <= 1) return a1_launch<1, 1, 1>(a, grid, smem, st);
+  if (nq_ch <= 5 && no_ch <= 2 && ot <= 3) return a1_launch<5, 2, 3>(a, grid, smem, st);
+  return a1_launch<8, 2, 4>(a, grid, smem, st);
+}
+
+}  // namespace glmk
