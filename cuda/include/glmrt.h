@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 8
+#define GLMRT_ABI_VERSION 9
 
 /* Status codes. */
 #define GLMRT_OK 0
@@ -330,7 +330,8 @@ int glmrt_synthesize(glmrt_engine* engine, uint64_t seed);
 #define GLMRT_PROF_COMM 15           /* all-reduce / all-gather between GPUs */
 #define GLMRT_PROF_COPY 16           /* host <-> device copies of the step */
 #define GLMRT_PROF_MOE_LAYER 17      /* a one-token MoE layer in one launch: norm, router, experts, combine, next norm */
-#define GLMRT_PROF_N 18
+#define GLMRT_PROF_ATTN_LAYER 18     /* a one-token attention half in one launch: q|k|v, rope + KV write, attention, o_proj */
+#define GLMRT_PROF_N 19
 
 typedef struct glmrt_profile {
   int64_t steps;                       /* steps accumulated */

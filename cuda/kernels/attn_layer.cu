@@ -7,12 +7,11 @@
 // Why: at batch 1 those stages were four launches a layer (q|k|v, rope + KV
 // write, attention with its in-launch merge, o_proj; ~24 us on an H100 in
 // the step for ~6 us of weight and KV bytes, docs/perf.md 2026-11-28), each
-// paying its start, its first loads and its tail, and o_proj's weights could
-// not start streaming before the attention had ended. Here one CTA per SM
-// runs them all: every CTA requests its share of the q|k|v weights and of
-// its split's KV lines at once, then, once its q|k|v rows are out, its
-// o_proj weights, which arrive while the attention and the merge run.
-// Values pass between CTAs as (launch epoch, value) words (handoff.cuh).
+// paying its start, its first loads and its tail. Here one CTA per SM runs
+// them all: every CTA requests its share of the q|k|v weights and its
+// split's KV lines at once; values pass between CTAs as (launch epoch, value)
+// words (handoff.cuh). In isolation on an H100 (attn_layer_check --bench,
+// 2026-11-28): 25.0 -> 23.0 us a layer at 2k keys, 33.5 -> 26.4 at 16k.
 //
 // Work:
 //   q|k|v   units of 8 output rows, two units a 16-row mma A tile (units b,
@@ -21,23 +20,27 @@
 //   attn    split s < S of the keys in CTA s (S = ceil(ctx / keys per
 //           split), keys per split a multiple of 16 so that S <= G). Every
 //           split CTA polls the q|k|v row, normalises and rotates q and k
-//           itself (the rope kernel's float operations), and computes for
-//           all query heads at once from its keys in shared memory (BF16,
-//           K and V of every KV head of a key, 64 KB tiles): scores in FP32
-//           from q rounded to BF16 after scale * log2(e) (as the decode
-//           kernel's mma), online softmax in the log2 domain, P rounded to
-//           BF16 for P.V. The CTA holding the new token's key takes its K and
+//           itself (the rope kernel's float operations), then 8 warps take
+//           the 16-key blocks of its keys in shared memory (BF16, K and V
+//           of every KV head of a key, 64 KB tiles) on tensor cores with
+//           attention_decode's fragments and arithmetic: q rounded to BF16
+//           after scale * log2(e), online softmax in the log2 domain, P in
+//           BF16 for P.V; the warps' states are merged in shared memory in
+//           warp order. The CTA holding the new token's key takes its K and
 //           V from its own q|k|v row (and writes them to the cache).
-//   merge   (head, 32 dims) jobs on the last CTAs: m, l and o of every split,
-//           weights exp2(m_s - max), the normalised 32 dims published.
+//   merge   (head, 32 dims) jobs on the last CTAs, one round of polls: m, l
+//           and o of every split, weights exp2(m_s - max), the normalised 32
+//           dims published.
 //   o_proj  every CTA polls the 1 x (heads * 128) output, quantizes it (per
 //           row, as the decode kernel's FP8 output), and finishes its o_proj
 //           units (8 rows each, two a tile) with the weights it requested
-//           before the attention: delta[n] = (acc * x_scale) * w_scale[n].
+//           once its attention work was done: delta[n] = (acc * x_scale) *
+//           w_scale[n].
 // Numerics: the GEMMs' products are those of the streaming kernels summed in
-// another order; the attention's are those of attention_decode in FP32 FMA
-// instead of mma order. Results match the kernel chain to FP32 rounding and
-// the occasional FP8 code one step away.
+// another order; the attention's those of attention_decode over other
+// splits. Results match the kernel chain to FP32 rounding, the attention row
+// to ~1e-3 (P's BF16 rounding against another running max), and the
+// occasional FP8 code of the output one step away.
 #include "common.cuh"
 #include "handoff.cuh"
 
@@ -49,6 +52,11 @@ constexpr int kA1Warps = kA1Threads / 32;
 constexpr int kA1D = 128;
 constexpr int kA1MaxQHeads = 16;
 constexpr int kA1TileBytes = 64 * 1024;  // one KV tile in shared memory
+constexpr int kA1AttnWarps = 8;          // warps with a 16-key block of a tile (KT * nkv / 16)
+constexpr int kA1OStride = 132;          // floats a staged O row (padded against bank conflicts)
+// The KV region: a tile, or the attention warps' O rows staged for their merge.
+constexpr int kA1KvBytes = kA1TileBytes > kA1AttnWarps * 16 * kA1OStride * 4 ? kA1TileBytes
+                                                                             : kA1AttnWarps * 16 * kA1OStride * 4;
 constexpr int kA1SplitRound = 16;        // keys per split: a multiple of this
 constexpr int kA1MaxOTiles = 4;          // o_proj tiles one round holds
 constexpr size_t kA1HeaderBytes = 256;
@@ -58,7 +66,7 @@ constexpr float kA1Log2e = 1.4426950408889634f;
 struct A1Shared {
   float red[kA1MaxOTiles][kA1Warps][16];
   float scratch[32];
-  float m_run[kA1MaxQHeads], l_run[kA1MaxQHeads], alpha[kA1MaxQHeads];
+  float wm[kA1AttnWarps][16], wl[kA1AttnWarps][16];  // the attention warps' (m, l) per row
   float cs[64], sn[64];
   float4 mo[kA1Warps][8];  // the merge: each warp's sum of 32 dims
   float ml[kA1Warps];      // ... and of l
@@ -108,9 +116,8 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   const int KT = kA1TileBytes / (nkv * 2 * 256);  // keys per tile
   uint8_t* xq_s = dsm;                                                   // [H] FP8 input row
   unsigned char* kv_s = dsm + ((H + 15) & ~15);                          // [KT][nkv] K rows, then V rows
-  float* qkv_s = reinterpret_cast<float*>(kv_s + kA1TileBytes);          // [n_qkv]
-  float* sc_s = qkv_s + n_qkv;                                           // [nq][KT] scores, then P
-  uint8_t* oq_s = reinterpret_cast<uint8_t*>(sc_s + (size_t)nq * KT);    // [KO] FP8 attention output
+  float* qkv_s = reinterpret_cast<float*>(kv_s + kA1KvBytes);           // [n_qkv]
+  uint8_t* oq_s = reinterpret_cast<uint8_t*>(qkv_s + n_qkv);             // [KO] FP8 attention output
   int* cnt = static_cast<int*>(a.workspace);
   const A1Ws ws = a1_ws(a.workspace, nq, nkv, a.ws_ctas);
   const unsigned epoch = (unsigned)__ldcg(cnt + kA1Epoch) + 1u;
@@ -127,12 +134,19 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   const int bs = a.block_size;
   // Copies keys [t0, t0 + nt) of this split (those in the cache: < ctx - 1)
   // into kv_s; rows r * nkv + h, K rows first, V rows KT * nkv rows later.
+  // Rows past nt up to the 16-key block's end are zeroed (the mma reads
+  // them; P is 0 there, and 0 x a stale NaN would not be).
   auto kv_issue = [&](int t0, int nt) {
-    const int n = nt * nkv * 16;  // 16-byte chunks of K (and as many of V)
+    const int n = ((nt + 15) & ~15) * nkv * 16;  // 16-byte chunks of K (and as many of V)
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(kv_s);
     for (int i = tid; i < n; i += kA1Threads) {
       const int ch = i & 15, rr = i >> 4, r = rr / nkv, h = rr - r * nkv;
       const int key = t0 + r;
+      if (r >= nt) {
+        *reinterpret_cast<uint4*>(kv_s + a1_chunk(rr, ch)) = make_uint4(0, 0, 0, 0);
+        *reinterpret_cast<uint4*>(kv_s + KT * nkv * 256 + a1_chunk(rr, ch)) = make_uint4(0, 0, 0, 0);
+        continue;
+      }
       if (key >= ctx - 1) continue;
       const int64_t off = (((int64_t)bt[key / bs] * nkv + h) * bs + key % bs) * kA1D + ch * 8;
       cp_async_cg16(base + a1_chunk(rr, ch), a.k_cache + off, 0);
@@ -217,12 +231,14 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   T1_MARK(1); A1_CLK(1);
 
   // ---- o_proj: this CTA's units b, b + G, ... (two a tile). Their weights
-  // go into registers once this CTA's part of the attention is done, and
-  // arrive while the merge runs: loads in flight hold the SM's outstanding
-  // requests, and a poll issued behind them waits for them (an H100: the
-  // q|k|v row polled 3 us after the last CTA had published it, behind 60 KB
-  // a CTA of o_proj loads issued before the poll). Prefetching them into L2
-  // right after q|k|v instead slowed the q|k|v stream of the CTAs still in it.
+  // go into registers once this CTA's attention work is done (split out,
+  // or merged), at once in the others. Measured on an H100 (attn_layer_check
+  // --bench, 2k keys): requested before the q|k|v poll they held the SM's
+  // outstanding requests and the poll waited 3 us behind them; requested
+  // right after it, 24.7 against 22.8 us a layer (they slowed the split's
+  // arithmetic and held 48 registers through it); prefetched into L2 after
+  // q|k|v they slowed the q|k|v stream of the CTAs still in it. Without any
+  // o_proj loads at all the launch took 21.1 us: the rest is the hand-offs.
   const int o_units = H / 8, o_ch = KO / 64;
   const int my_o_units = o_units > b ? (o_units - b + G - 1) / G : 0;
   const int o_tiles = (my_o_units + 1) / 2;
@@ -254,6 +270,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
       reinterpret_cast<float4*>(qkv_s)[i] = t1_poll4(ws.qkv + 4 * i, epoch);
     __syncthreads();
     T1_MARK(2); A1_CLK(2);
+
     // q and k heads: RMSNorm + RoPE (qk_rope_kernel's operations), one warp
     // a head; q then scaled to log2 units and rounded to BF16, k and v
     // rounded to BF16 (what the cache holds).
@@ -305,13 +322,37 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
       reinterpret_cast<float4*>(qkv_s + hd * kA1D)[lane] = v;
     }
     T1_MARK(3); A1_CLK(3);
-    if (tid < nq) {
-      sh.m_run[tid] = -INFINITY;
-      sh.l_run[tid] = 0.f;
+    // Tensor cores: warp w < 8 takes KV head w % nkv and the 16-key block
+    // w / nkv of every tile (KT * nkv = 128 rows: 8 blocks), the heads of
+    // that KV head as the 16 rows of the A operand (zero past G), with its
+    // own online softmax: S = Q K^T (8 k-steps x 2 n-tiles of m16n8k16),
+    // P = 2^(S - m), O += P(bf16) V (16 n-tiles) — attention_decode's
+    // fragments and arithmetic. Then the warps' states are merged in shared
+    // memory in a fixed order.
+    const bool aw = warp < kA1AttnWarps;
+    const int kvh = warp % nkv, kb = (warp / nkv) * 16;
+    const int t = c;  // the fragment's column pair
+    uint32_t qa[8][4];
+    float o[16][4];
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g, g + 8
+#pragma unroll
+    for (int i = 0; i < 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    __syncthreads();  // q, k, v normalised
+    if (aw) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int cc = 0; cc < 2; ++cc) {
+            const int r = g + 8 * hh;
+            float2 v = make_float2(0.f, 0.f);
+            if (r < Gq) v = *reinterpret_cast<const float2*>(qkv_s + (kvh * Gq + r) * kA1D + kk * 16 + 8 * cc + 2 * t);
+            qa[kk][hh + 2 * cc] = pack_bf16(v.x, v.y);
+          }
     }
-    const int ohd = tid >> 5, od4 = lane;  // P.V: thread (head, 4 dims), tid < nq * 32
-    float4 o_acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    const int kv_rows = KT * nkv;
+    const uint32_t kvb = (uint32_t)__cvta_generic_to_shared(kv_s);
+    const uint32_t vofs = (uint32_t)(KT * nkv * 256);
     for (int t0 = k0; t0 < k1; t0 += KT) {
       const int nt = min(KT, k1 - t0);
       if (t0 > k0) {
@@ -319,7 +360,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
         kv_issue(t0, nt);
       }
       cp_async_wait_pending(0);
-      __syncthreads();  // every thread's copies; q, k, v normalised
+      __syncthreads();  // every thread's copies and zero rows
       // The new token's key from the q|k|v row (BF16 values, as cached).
       if (ctx - 1 >= t0 && ctx - 1 < t0 + nt) {
         const int r = ctx - 1 - t0;
@@ -330,7 +371,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
           const int rr = r * nkv + h;
           const int off = a1_chunk(rr, q >> 1) + (q & 1) * 8;
           __nv_bfloat162* kd = reinterpret_cast<__nv_bfloat162*>(kv_s + off);
-          __nv_bfloat162* vd = reinterpret_cast<__nv_bfloat162*>(kv_s + kv_rows * 256 + off);
+          __nv_bfloat162* vd = reinterpret_cast<__nv_bfloat162*>(kv_s + vofs + off);
           kd[0] = __floats2bfloat162_rn(kf.x, kf.y);
           kd[1] = __floats2bfloat162_rn(kf.z, kf.w);
           vd[0] = __floats2bfloat162_rn(vf.x, vf.y);
@@ -338,99 +379,127 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
         }
         __syncthreads();
       }
-      // Scores: 4 lanes a (head, key), 32 dims each (chunks q, q + 4, ...),
-      // FP32, folded by two shuffles.
-      for (int p0 = tid >> 2; p0 < ((nq * nt + 7) & ~7); p0 += kA1Threads / 4) {
-        const int p = min(p0, nq * nt - 1);  // whole warps in the shuffles
-        const int h = p / nt, r = p - h * nt, qq = tid & 3;
-        const int rr = r * nkv + h / Gq;
-        const float4* qv = reinterpret_cast<const float4*>(qkv_s + h * kA1D);
-        float s0 = 0.f, s1 = 0.f;
+      if (aw && kb < nt) {
+        float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+        {
+          const int krow = (kb + ((lane >> 4) << 3) + (lane & 7)) * nkv + kvh;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int ch = qq + 4 * i;
-          const uint4 kq = *reinterpret_cast<const uint4*>(kv_s + a1_chunk(rr, ch));
-          const float4 qa4 = qv[2 * ch], qb4 = qv[2 * ch + 1];
-          const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kq);
-          const float2 k01 = __bfloat1622float2(k2[0]), k23 = __bfloat1622float2(k2[1]);
-          const float2 k45 = __bfloat1622float2(k2[2]), k67 = __bfloat1622float2(k2[3]);
-          s0 = fmaf(qa4.x, k01.x, s0);
-          s1 = fmaf(qa4.y, k01.y, s1);
-          s0 = fmaf(qa4.z, k23.x, s0);
-          s1 = fmaf(qa4.w, k23.y, s1);
-          s0 = fmaf(qb4.x, k45.x, s0);
-          s1 = fmaf(qb4.y, k45.y, s1);
-          s0 = fmaf(qb4.z, k67.x, s0);
-          s1 = fmaf(qb4.w, k67.y, s1);
+          for (int kk = 0; kk < 8; ++kk) {
+            const int ch = 2 * kk + ((lane >> 3) & 1);
+            uint32_t b0, b1, b2, b3;
+            ldsm_x4(kvb + krow * 256 + ((ch ^ (krow & 7)) << 4), b0, b1, b2, b3);
+            mma_bf16_16816(s0, qa[kk], b0, b1);
+            mma_bf16_16816(s1, qa[kk], b2, b3);
+          }
         }
-        float sv = s0 + s1;
-        sv += __shfl_xor_sync(0xffffffffu, sv, 1);
-        sv += __shfl_xor_sync(0xffffffffu, sv, 2);
-        if (qq == 0 && p0 < nq * nt) sc_s[h * KT + r] = sv;
-      }
-      __syncthreads();
-      if (t0 == k0) { T1_MARK(4); A1_CLK(4); }
-      // Online softmax, warp h: the tile's max, P = exp2(s - m), l.
-      if (warp < nq) {
-        const int h = warp;
-        float mt = -INFINITY;
-        for (int r = lane; r < nt; r += 32) mt = fmaxf(mt, sc_s[h * KT + r]);
-        mt = warp_max(mt);
-        const float m_old = sh.m_run[h], m_new = fmaxf(m_old, mt);
-        float ls = 0.f;
-        for (int r = lane; r < nt; r += 32) {
-          const float p = exp2f(sc_s[h * KT + r] - m_new);
-          ls += p;
-          sc_s[h * KT + r] = bf16_round(p);
+        // Thread holds keys 2t, 2t+1 (s0) and 8+2t, 9+2t (s1) of rows g
+        // ([0], [1]) and g+8 ([2], [3]); keys past nt get -inf.
+        if (kb + 16 > nt) {
+          const int valid = nt - kb;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int kc0 = 2 * t + (e & 1);
+            if (kc0 >= valid) s0[e] = -INFINITY;
+            if (kc0 + 8 >= valid) s1[e] = -INFINITY;
+          }
         }
-        ls = warp_sum(ls);
-        __syncwarp();
-        if (lane == 0) {
-          const float al = exp2f(m_old - m_new);
-          sh.alpha[h] = al;
-          sh.m_run[h] = m_new;
-          sh.l_run[h] = sh.l_run[h] * al + ls;
+        float mx0 = fmaxf(fmaxf(s0[0], s0[1]), fmaxf(s1[0], s1[1]));
+        float mx1 = fmaxf(fmaxf(s0[2], s0[3]), fmaxf(s1[2], s1[3]));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: the block has a valid key
+        const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);    // 0 on the first block
+        m0 = mn0;
+        m1 = mn1;
+        s0[0] = ex2(s0[0] - mn0);
+        s0[1] = ex2(s0[1] - mn0);
+        s1[0] = ex2(s1[0] - mn0);
+        s1[1] = ex2(s1[1] - mn0);
+        s0[2] = ex2(s0[2] - mn1);
+        s0[3] = ex2(s0[3] - mn1);
+        s1[2] = ex2(s1[2] - mn1);
+        s1[3] = ex2(s1[3] - mn1);
+        l0 = l0 * al0 + ((s0[0] + s0[1]) + (s1[0] + s1[1]));
+        l1 = l1 * al1 + ((s0[2] + s0[3]) + (s1[2] + s1[3]));
+#pragma unroll
+        for (int nd = 0; nd < 16; ++nd) {
+          o[nd][0] *= al0;
+          o[nd][1] *= al0;
+          o[nd][2] *= al1;
+          o[nd][3] *= al1;
         }
-      }
-      __syncthreads();
-      // O = alpha * O + P.V: thread (head, 4 dims).
-      if (ohd < nq) {
-        const float al = sh.alpha[ohd];
-        float4 o = make_float4(o_acc.x * al, o_acc.y * al, o_acc.z * al, o_acc.w * al);
-        const int kvh = ohd / Gq;
-        const float* pr = sc_s + ohd * KT;
-        for (int r = 0; r < nt; ++r) {
-          const int off = kv_rows * 256 + a1_chunk(r * nkv + kvh, od4 >> 1) + (od4 & 1) * 8;
-          const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(kv_s + off);
-          const float2 v01 = __bfloat1622float2(v2[0]), v23 = __bfloat1622float2(v2[1]);
-          const float p = pr[r];
-          o.x = fmaf(p, v01.x, o.x);
-          o.y = fmaf(p, v01.y, o.y);
-          o.z = fmaf(p, v23.x, o.z);
-          o.w = fmaf(p, v23.y, o.w);
+        const uint32_t pa[4] = {pack_bf16(s0[0], s0[1]), pack_bf16(s0[2], s0[3]), pack_bf16(s1[0], s1[1]),
+                                pack_bf16(s1[2], s1[3])};
+        const int vrow = (kb + (((lane >> 3) & 1) << 3) + (lane & 7)) * nkv + kvh;
+#pragma unroll
+        for (int nd2 = 0; nd2 < 8; ++nd2) {
+          const int ch = 2 * nd2 + (lane >> 4);
+          uint32_t b0, b1, b2, b3;
+          ldsm_x4_trans(kvb + vofs + vrow * 256 + ((ch ^ (vrow & 7)) << 4), b0, b1, b2, b3);
+          mma_bf16_16816(o[2 * nd2], pa, b0, b1);
+          mma_bf16_16816(o[2 * nd2 + 1], pa, b2, b3);
         }
-        o_acc = o;
       }
     }
-    // The split's partial: O unnormalised, m and l.
-    if (ohd < nq) {
-      ulonglong2* dst = reinterpret_cast<ulonglong2*>(ws.po + ((size_t)b * nq + ohd) * kA1D + 4 * od4);
-      dst[0] = make_ulonglong2(t1_tag(epoch, o_acc.x), t1_tag(epoch, o_acc.y));
-      dst[1] = make_ulonglong2(t1_tag(epoch, o_acc.z), t1_tag(epoch, o_acc.w));
-      if (od4 == 0)
-        *reinterpret_cast<ulonglong2*>(ws.ml + ((size_t)b * nq + ohd) * 2) =
-            make_ulonglong2(t1_tag(epoch, sh.m_run[ohd]), t1_tag(epoch, sh.l_run[ohd]));
+    T1_MARK(4); A1_CLK(4);
+    // The warps' states -> this split's partial: per head row, m = the
+    // warps' max, l and O their sums weighted 2^(m_w - m), in warp order.
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    __syncthreads();  // every warp is done with the tile: kv_s stages O
+    float* ost = reinterpret_cast<float*>(kv_s);  // [warp][16 rows][kA1OStride]
+    if (aw) {
+      if (t == 0) {
+        sh.wm[warp][g] = m0;
+        sh.wm[warp][g + 8] = m1;
+        sh.wl[warp][g] = l0;
+        sh.wl[warp][g + 8] = l1;
+      }
+      float* ow = ost + warp * 16 * kA1OStride;
+#pragma unroll
+      for (int nd = 0; nd < 16; ++nd) {
+        *reinterpret_cast<float2*>(ow + g * kA1OStride + nd * 8 + 2 * t) = make_float2(o[nd][0], o[nd][1]);
+        *reinterpret_cast<float2*>(ow + (g + 8) * kA1OStride + nd * 8 + 2 * t) = make_float2(o[nd][2], o[nd][3]);
+      }
+    }
+    __syncthreads();
+    if (tid < nq * 32) {
+      const int hq = tid >> 5, kh = hq / Gq, r = hq - kh * Gq, nw = kA1AttnWarps / nkv;
+      float M = -INFINITY;
+      for (int j = 0; j < nw; ++j) M = fmaxf(M, sh.wm[kh + nkv * j][r]);
+      float L = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < nw; ++j) {  // warp order
+        const int w = kh + nkv * j;
+        const float mw = sh.wm[w][r];
+        const float f = mw == -INFINITY ? 0.f : ex2(mw - M);  // a warp without keys: weight 0
+        L += sh.wl[w][r] * f;
+        const float4 v = *reinterpret_cast<const float4*>(ost + (w * 16 + r) * kA1OStride + 4 * lane);
+        acc.x += f * v.x;
+        acc.y += f * v.y;
+        acc.z += f * v.z;
+        acc.w += f * v.w;
+      }
+      ulonglong2* dst = reinterpret_cast<ulonglong2*>(ws.po + ((size_t)b * nq + hq) * kA1D + 4 * lane);
+      dst[0] = make_ulonglong2(t1_tag(epoch, acc.x), t1_tag(epoch, acc.y));
+      dst[1] = make_ulonglong2(t1_tag(epoch, acc.z), t1_tag(epoch, acc.w));
+      if (lane == 0)
+        *reinterpret_cast<ulonglong2*>(ws.ml + ((size_t)b * nq + hq) * 2) =
+            make_ulonglong2(t1_tag(epoch, M), t1_tag(epoch, L));
     }
     T1_MARK(5); A1_CLK(5);
   }
   const int job = G - 1 - b;  // the merge's job of this CTA (below)
-  const bool merge_cta = job < nq * 4;
-  if (!merge_cta) o_load(0);
+  if (job >= nq * 4) o_load(0);
 
   // ---- the merge: job (head, 32 dims) on CTA G - 1 - job, in one round of
   // polls: thread (split group sg, float4 f) merges splits sg, sg + 64, ...
   // online, then the groups are folded (max, rescale, a fixed tree).
-  if (merge_cta) {
+  if (job < nq * 4) {
     const int h = job >> 2, d0 = (job & 3) * 32;
     const int f = tid & 7, sg = tid >> 3;
     constexpr int kGroups = kA1Threads / 8, kR = 3;
@@ -507,7 +576,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
     T1_MARK(7); A1_CLK(7);
   }
 
-  if (merge_cta) o_load(0);
+  if (job < nq * 4) o_load(0);
   T1_MARK(8); A1_CLK(8);
 
   // ---- the attention output, quantized (per row, the decode kernel's FP8
@@ -595,13 +664,12 @@ cudaError_t a1_launch(const AttnT1Args& a, int grid, size_t smem, cudaStream_t s
 }
 
 size_t a1_smem(int H, int nq, int nkv) {
-  const int KT = kA1TileBytes / (nkv * 2 * 256);
-  return (size_t)((H + 15) & ~15) + kA1TileBytes + (size_t)(nq + 2 * nkv) * kA1D * 4 + (size_t)nq * KT * 4 +
-         (size_t)nq * kA1D;
+  return (size_t)((H + 15) & ~15) + kA1KvBytes + (size_t)(nq + 2 * nkv) * kA1D * 4 + (size_t)nq * kA1D;
 }
 
 bool a1_shape_ok(int H, int nq, int nkv, int rot_dim) {
-  return H >= 64 && H % 64 == 0 && H <= 8192 && nkv >= 1 && nkv <= 8 && nq >= nkv && nq % nkv == 0 &&
+  return H >= 64 && H % 64 == 0 && H <= 8192 && nkv >= 1 && nkv <= 8 && kA1AttnWarps % nkv == 0 && nq >= nkv &&
+         nq % nkv == 0 &&
          nq <= kA1MaxQHeads && rot_dim >= 8 && rot_dim <= 128 && rot_dim % 8 == 0;
 }
 

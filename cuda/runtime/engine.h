@@ -133,6 +133,7 @@ struct Rank {
   void* pf_ws = nullptr;           // attention_prefill workspace (zeroed at create; prefill_tc)
   void* router_ws = nullptr;       // router_fused workspace (zeroed at create)
   void* moe_t1_ws = nullptr;       // moe_decode_t1 workspace (zeroed at create; null: not used)
+  void* attn_t1_ws = nullptr;      // attn_layer_t1 workspace (zeroed at create; null: not used)
   int* prof_active = nullptr;      // [L] experts hit per layer (profiling)
   // The shared expert as a dense MLP (steps of more than a few rows).
   float* sh_big = nullptr;         // [T, 2*MI] gate|up

@@ -778,6 +778,14 @@ bool combine_feeds_norm(const Engine& e, int l) {
          glmk::combine_add_rmsnorm_supported(e.d.H, e.d.slots);
 }
 
+// Whether the attention half of this step's layers runs as one attn_layer_t1
+// launch (q|k|v, q/k norm + RoPE + the KV write, attention, o_proj; kernels.h):
+// one decoding token on the FP8 path. At batch 1 those were four launches.
+bool attn_one_launch(const Engine& e, const Rank& r, const Meta& m) {
+  return r.attn_t1_ws && !e.exact && !e.f32kv && m.rows == 1 && m.policy_rows == 1 && m.n_dec == 1 &&
+         m.n_items == 0;
+}
+
 int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   const Dims& d = e.d;
   const MetaLayout& ML = e.ml;
@@ -787,6 +795,40 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (l == 0 || !combine_feeds_norm(e, l - 1)) {
     KCHECK(glmk::add_rmsnorm(input_norm_args(e, r, l, T), r.stream), "layer %d: input add_rmsnorm", l);
     PROF(GLMRT_PROF_NORM);
+  }
+  if (attn_one_launch(e, r, m)) {
+    glmk::AttnT1Args a;
+    a.xq = r.xq;
+    a.xs = r.xs;
+    a.H = d.H;
+    a.n_q_heads = d.nq_l;
+    a.n_kv_heads = d.nkv_l;
+    a.rot_dim = d.rot;
+    a.qkv_w = L.qkv;
+    a.qkv_scale = L.qkv_scale;
+    a.qkv_bias = L.qkv_bias;
+    a.q_norm = L.q_norm;
+    a.k_norm = L.k_norm;
+    a.eps = e.cfg.rms_norm_eps;
+    a.inv_freq = r.inv_freq;
+    a.positions = at<int>(M, m.rm.positions);
+    a.slots = at<int>(M, m.rm.slots);
+    a.ctx_len = at<int>(M, m.rm.dec_ctx);
+    a.bt_offset = at<int>(M, m.rm.dec_bt);
+    a.block_tables = at<int>(M, ML.bt);
+    a.block_size = e.block_size;
+    a.k_cache = static_cast<__nv_bfloat16*>(L.k_cache);
+    a.v_cache = static_cast<__nv_bfloat16*>(L.v_cache);
+    a.scale = 1.0f / sqrtf((float)d.D);
+    a.o_w = L.o;
+    a.o_scale = L.o_scale;
+    a.delta = r.delta;
+    a.workspace = r.attn_t1_ws;
+    a.ws_ctas = r.num_sms;
+    KCHECK(glmk::attn_layer_t1(a, r.stream), "layer %d: attn_layer_t1 (one-token attention layer)", l);
+    r.o_in_h = false;
+    PROF(GLMRT_PROF_ATTN_LAYER);
+    return GLMRT_OK;
   }
   // Past the streaming kernel's rows, q|k|v (which has a bias) comes from
   // cuBLASLt unscaled and the rope kernel applies its epilogue (H200, 2k-token
@@ -1565,11 +1607,19 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
     const bool moe = l >= d.first_dense;
     // two add+norms: h, delta, weight in; h and the quantized (+FP32 for MoE) rows out
     out[GLMRT_PROF_NORM] += 2 * (T * H * (4 + 4 + 4 + act_q) + H * 4) + (moe ? T * H * 4 : 0);
-    out[GLMRT_PROF_QKV] += (int64_t)d.qkv_rows * H + d.qkv_rows * 8 + T * (H * act_q + d.qkv_rows * 4);
-    out[GLMRT_PROF_ROPE_KV] += T * (d.qkv_rows * 4 + (int64_t)d.nq_l * d.D * 4 + 2 * d.nkv_l * d.D * kv_elem);
-    out[GLMRT_PROF_ATTENTION] += m.kv_read_tokens * d.nkv_l * d.D * 2 * kv_elem +
-                                 T * (int64_t)d.nq_l * d.D * (4 + 4 + 1);
-    out[GLMRT_PROF_O_PROJ] += H * (int64_t)d.nq_l * d.D + H * 4 + T * ((int64_t)d.nq_l * d.D + H * 4);
+    if (attn_one_launch(e, e.ranks[0], m)) {
+      // One launch: the weights, the KV read and the new token's write, the
+      // input row and the delta row; no intermediate rows through memory.
+      out[GLMRT_PROF_ATTN_LAYER] += (int64_t)d.qkv_rows * H + d.qkv_rows * 8 + H * (int64_t)d.nq_l * d.D +
+                                    H * 4 + m.kv_read_tokens * d.nkv_l * d.D * 2 * kv_elem +
+                                    2 * d.nkv_l * d.D * kv_elem + H * act_q + H * 4;
+    } else {
+      out[GLMRT_PROF_QKV] += (int64_t)d.qkv_rows * H + d.qkv_rows * 8 + T * (H * act_q + d.qkv_rows * 4);
+      out[GLMRT_PROF_ROPE_KV] += T * (d.qkv_rows * 4 + (int64_t)d.nq_l * d.D * 4 + 2 * d.nkv_l * d.D * kv_elem);
+      out[GLMRT_PROF_ATTENTION] += m.kv_read_tokens * d.nkv_l * d.D * 2 * kv_elem +
+                                   T * (int64_t)d.nq_l * d.D * (4 + 4 + 1);
+      out[GLMRT_PROF_O_PROJ] += H * (int64_t)d.nq_l * d.D + H * 4 + T * ((int64_t)d.nq_l * d.D + H * 4);
+    }
     if (!moe) {
       out[GLMRT_PROF_DENSE_GATE_UP] += 2 * (int64_t)d.I_l * H + T * (H + 2 * (int64_t)d.I_l * 4);
       out[GLMRT_PROF_ACTIVATION] += T * (int64_t)d.I_l * (8 + 1);

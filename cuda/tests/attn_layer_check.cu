@@ -375,7 +375,7 @@ void bench_shape(const Shape& s, int n, int layers) {
     unsigned long long t0 = ~0ull;
     for (int c = 0; c < G; ++c) t0 = std::min(t0, t[c]);
     const char* names[kMarks] = {"start",         "q|k|v out",    "q|k|v polled",  "norm+rope done",
-                                 "scores done",   "split out",    "merge polled",  "merge out",
+                                 "attention done",   "split out",    "merge polled",  "merge out",
                                  "o_proj issued", "output polled", "o_proj done"};
     for (int i = 0; i < kMarks; ++i) {
       std::vector<double> v;

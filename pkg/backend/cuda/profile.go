@@ -31,6 +31,7 @@ var profileFamilies = [...]string{
 	C.GLMRT_PROF_COMM:           "communication",
 	C.GLMRT_PROF_COPY:           "host copies",
 	C.GLMRT_PROF_MOE_LAYER:      "moe layer (1 launch)",
+	C.GLMRT_PROF_ATTN_LAYER:     "attention layer (1 launch)",
 }
 
 var _ = [1]struct{}{}[len(profileFamilies)-int(C.GLMRT_PROF_N)] // one name per family
