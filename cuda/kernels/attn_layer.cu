@@ -332,25 +332,25 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
     const bool aw = warp < kA1AttnWarps;
     const int kvh = warp % nkv, kb = (warp / nkv) * 16;
     const int t = c;  // the fragment's column pair
-    uint32_t qa[8][4];
     float o[16][4];
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g, g + 8
 #pragma unroll
     for (int i = 0; i < 16; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     __syncthreads();  // q, k, v normalised
-    if (aw) {
+    // Q's A fragment of k-step kk (dims 16kk..16kk+15), rows = the heads of
+    // KV head kvh, from the BF16-rounded FP32 row in shared memory: built per
+    // k-step rather than held (32 registers more spilled the warp's state).
+    auto q_frag = [&](int kk, uint32_t (&qa)[4]) {
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk)
+      for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int cc = 0; cc < 2; ++cc) {
-            const int r = g + 8 * hh;
-            float2 v = make_float2(0.f, 0.f);
-            if (r < Gq) v = *reinterpret_cast<const float2*>(qkv_s + (kvh * Gq + r) * kA1D + kk * 16 + 8 * cc + 2 * t);
-            qa[kk][hh + 2 * cc] = pack_bf16(v.x, v.y);
-          }
-    }
+        for (int cc = 0; cc < 2; ++cc) {
+          const int r = g + 8 * hh;
+          float2 v = make_float2(0.f, 0.f);
+          if (r < Gq) v = *reinterpret_cast<const float2*>(qkv_s + (kvh * Gq + r) * kA1D + kk * 16 + 8 * cc + 2 * t);
+          qa[hh + 2 * cc] = pack_bf16(v.x, v.y);
+        }
+    };
     const uint32_t kvb = (uint32_t)__cvta_generic_to_shared(kv_s);
     const uint32_t vofs = (uint32_t)(KT * nkv * 256);
     for (int t0 = k0; t0 < k1; t0 += KT) {
@@ -386,10 +386,11 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
 #pragma unroll
           for (int kk = 0; kk < 8; ++kk) {
             const int ch = 2 * kk + ((lane >> 3) & 1);
-            uint32_t b0, b1, b2, b3;
+            uint32_t b0, b1, b2, b3, qa[4];
             ldsm_x4(kvb + krow * 256 + ((ch ^ (krow & 7)) << 4), b0, b1, b2, b3);
-            mma_bf16_16816(s0, qa[kk], b0, b1);
-            mma_bf16_16816(s1, qa[kk], b2, b3);
+            q_frag(kk, qa);
+            mma_bf16_16816(s0, qa, b0, b1);
+            mma_bf16_16816(s1, qa, b2, b3);
           }
         }
         // Thread holds keys 2t, 2t+1 (s0) and 8+2t, 9+2t (s1) of rows g
