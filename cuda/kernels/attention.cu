@@ -648,48 +648,11 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
       s0[e] += u0[e];
       s1[e] += u1[e];
     }
-    // Thread holds keys 2t, 2t+1 (s0) and 8+2t, 9+2t (s1) of rows g ([0], [1])
-    // and g+8 ([2], [3]). Keys past the end (last tile only) get -inf.
+    // Keys past the end (last tile only) get -inf; O += P V with P (C layout
+    // of S) as the A fragment directly.
     const int key0 = k0 + kDecTile * (warp + kDecWarps * j);
-    if (key0 + kDecTile > k1) {
-      const int valid = k1 - key0;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int kc0 = 2 * t + (e & 1);
-        if (kc0 >= valid) s0[e] = -INFINITY;
-        if (kc0 + 8 >= valid) s1[e] = -INFINITY;
-      }
-    }
-    float mx0 = fmaxf(fmaxf(s0[0], s0[1]), fmaxf(s1[0], s1[1]));
-    float mx1 = fmaxf(fmaxf(s0[2], s0[3]), fmaxf(s1[2], s1[3]));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: the tile has a valid key
-    const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);    // 0 on the first tile
-    m0 = mn0;
-    m1 = mn1;
-    s0[0] = ex2(s0[0] - mn0);
-    s0[1] = ex2(s0[1] - mn0);
-    s1[0] = ex2(s1[0] - mn0);
-    s1[1] = ex2(s1[1] - mn0);
-    s0[2] = ex2(s0[2] - mn1);
-    s0[3] = ex2(s0[3] - mn1);
-    s1[2] = ex2(s1[2] - mn1);
-    s1[3] = ex2(s1[3] - mn1);
-    l0 = l0 * al0 + ((s0[0] + s0[1]) + (s1[0] + s1[1]));
-    l1 = l1 * al1 + ((s0[2] + s0[3]) + (s1[2] + s1[3]));
-#pragma unroll
-    for (int nd = 0; nd < 16; ++nd) {
-      o[nd][0] *= al0;
-      o[nd][1] *= al0;
-      o[nd][2] *= al1;
-      o[nd][3] *= al1;
-    }
-    // O += P V: P (C layout of S) is the A fragment directly.
-    const uint32_t pa[4] = {pack_bf16(s0[0], s0[1]), pack_bf16(s0[2], s0[3]), pack_bf16(s1[0], s1[1]),
-                            pack_bf16(s1[2], s1[3])};
+    uint32_t pa[4];
+    attn_block_softmax(s0, s1, min(kDecTile, k1 - key0), t, m0, m1, l0, l1, o, pa);
 #pragma unroll
     for (int nd2 = 0; nd2 < 8; ++nd2) {
       uint32_t b0, b1, b2, b3;

@@ -102,6 +102,25 @@ __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(_
 // consecutive rows hit different banks.
 __device__ __forceinline__ int a1_chunk(int r, int c) { return r * 256 + ((c ^ (r & 7)) << 4); }
 
+// This lane's weights of a 16-row mma A tile: rows g of unit ua (8 rows of K
+// bytes) into ra and of unit ua + du into rb (du 0: no such unit, zeros),
+// 64-byte chunks j = warp + i * 16 < nch, streamed (L2 evict-first).
+template <int N>
+__device__ __forceinline__ void a1_load_tile(uint4 (&ra)[N], uint4 (&rb)[N], const uint8_t* W, int K, int ua, int du,
+                                             int nch, uint64_t pol) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const uint8_t* pa = W + ((int64_t)ua * 8 + (lane >> 2)) * K + 16 * (lane & 3);
+  const uint8_t* pb = pa + (int64_t)du * 8 * K;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int j = warp + i * kA1Warps;
+    if (j < nch) {
+      ra[i] = ld_stream_v4(pa + 64 * j, pol);
+      rb[i] = du ? ld_stream_v4(pb + 64 * j, pol) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 template <int NQ, int NO, int OT>
 __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   T1_MARK(0); A1_CLK(0);
@@ -182,18 +201,8 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   const int my_q_units = q_units > b ? (q_units - b + G - 1) / G : 0;
   uint4 qa[NQ], qb[NQ];
   auto q_load = [&](int tile) {
-    const int ua = b + 2 * tile * G, ub = ua + G;
-    const uint8_t* pa = a.qkv_w + ((int64_t)ua * 8 + g) * H + 16 * c;
-    const uint8_t* pb = a.qkv_w + ((int64_t)ub * 8 + g) * H + 16 * c;
-    const bool hb = ub < q_units;
-#pragma unroll
-    for (int i = 0; i < NQ; ++i) {
-      const int j = warp + i * kA1Warps;
-      if (j < q_ch) {
-        qa[i] = ld_stream_v4(pa + 64 * j, wpol);
-        qb[i] = hb ? ld_stream_v4(pb + 64 * j, wpol) : make_uint4(0, 0, 0, 0);
-      }
-    }
+    const int ua = b + 2 * tile * G;
+    a1_load_tile(qa, qb, a.qkv_w, H, ua, ua + G < q_units ? G : 0, q_ch, wpol);
   };
   const int q_tiles = (my_q_units + 1) / 2;
   if (q_tiles > 0) q_load(0);
@@ -248,18 +257,8 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
     for (int t = 0; t < OT; ++t) {
       const int tile = t0 + t;
       if (tile >= o_tiles) break;
-      const int ua = b + 2 * tile * G, ub = ua + G;
-      const uint8_t* pa = a.o_w + ((int64_t)ua * 8 + g) * KO + 16 * c;
-      const uint8_t* pb = a.o_w + ((int64_t)ub * 8 + g) * KO + 16 * c;
-      const bool hb = ub < o_units;
-#pragma unroll
-      for (int i = 0; i < NO; ++i) {
-        const int j = warp + i * kA1Warps;
-        if (j < o_ch) {
-          oa[t][i] = ld_stream_v4(pa + 64 * j, wpol);
-          ob[t][i] = hb ? ld_stream_v4(pb + 64 * j, wpol) : make_uint4(0, 0, 0, 0);
-        }
-      }
+      const int ua = b + 2 * tile * G;
+      a1_load_tile(oa[t], ob[t], a.o_w, KO, ua, ua + G < o_units ? G : 0, o_ch, wpol);
     }
   };
 
@@ -275,36 +274,12 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
     // a head; q then scaled to log2 units and rounded to BF16, k and v
     // rounded to BF16 (what the cache holds).
     const float qsc = a.scale * kA1Log2e;
-    const int q4 = half / 4;
     for (int hd = warp; hd < nq + 2 * nkv; hd += kA1Warps) {
       float4 v = reinterpret_cast<float4*>(qkv_s + hd * kA1D)[lane];
       const bool is_q = hd < nq, is_k = !is_q && hd < nq + nkv;
       if (is_q || is_k) {
-        if (is_q ? a.q_norm != nullptr : a.k_norm != nullptr) {
-          const float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
-          const float r = 1.0f / sqrtf(ss / 128.0f + a.eps);
-          const float4 wv = is_q ? qn_w : kn_w;
-          v.x = wv.x * (v.x * r);
-          v.y = wv.y * (v.y * r);
-          v.z = wv.z * (v.z * r);
-          v.w = wv.w * (v.w * r);
-        }
-        int src = lane;
-        if (lane < q4) src = lane + q4;
-        else if (lane < 2 * q4) src = lane - q4;
-        const float px = __shfl_sync(0xffffffffu, v.x, src), py = __shfl_sync(0xffffffffu, v.y, src);
-        const float pz = __shfl_sync(0xffffffffu, v.z, src), pw = __shfl_sync(0xffffffffu, v.w, src);
-        if (lane < 2 * q4) {
-          const float sgn = lane < q4 ? -1.0f : 1.0f;
-          float xv[4] = {v.x, v.y, v.z, v.w};
-          const float ps[4] = {px, py, pz, pw};
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int j = (lane * 4 + i) % half;
-            xv[i] = xv[i] * sh.cs[j] + sgn * ps[i] * sh.sn[j];
-          }
-          v = make_float4(xv[0], xv[1], xv[2], xv[3]);
-        }
+        if (is_q ? a.q_norm != nullptr : a.k_norm != nullptr) v = head_rmsnorm(v, is_q ? qn_w : kn_w, a.eps);
+        v = head_rope(v, lane, half, sh.cs, sh.sn);
       }
       if (is_q) {
         v = make_float4(bf16_round(v.x * qsc), bf16_round(v.y * qsc), bf16_round(v.z * qsc), bf16_round(v.w * qsc));
@@ -393,46 +368,8 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
             mma_bf16_16816(s1, qa, b2, b3);
           }
         }
-        // Thread holds keys 2t, 2t+1 (s0) and 8+2t, 9+2t (s1) of rows g
-        // ([0], [1]) and g+8 ([2], [3]); keys past nt get -inf.
-        if (kb + 16 > nt) {
-          const int valid = nt - kb;
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int kc0 = 2 * t + (e & 1);
-            if (kc0 >= valid) s0[e] = -INFINITY;
-            if (kc0 + 8 >= valid) s1[e] = -INFINITY;
-          }
-        }
-        float mx0 = fmaxf(fmaxf(s0[0], s0[1]), fmaxf(s1[0], s1[1]));
-        float mx1 = fmaxf(fmaxf(s0[2], s0[3]), fmaxf(s1[2], s1[3]));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: the block has a valid key
-        const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);    // 0 on the first block
-        m0 = mn0;
-        m1 = mn1;
-        s0[0] = ex2(s0[0] - mn0);
-        s0[1] = ex2(s0[1] - mn0);
-        s1[0] = ex2(s1[0] - mn0);
-        s1[1] = ex2(s1[1] - mn0);
-        s0[2] = ex2(s0[2] - mn1);
-        s0[3] = ex2(s0[3] - mn1);
-        s1[2] = ex2(s1[2] - mn1);
-        s1[3] = ex2(s1[3] - mn1);
-        l0 = l0 * al0 + ((s0[0] + s0[1]) + (s1[0] + s1[1]));
-        l1 = l1 * al1 + ((s0[2] + s0[3]) + (s1[2] + s1[3]));
-#pragma unroll
-        for (int nd = 0; nd < 16; ++nd) {
-          o[nd][0] *= al0;
-          o[nd][1] *= al0;
-          o[nd][2] *= al1;
-          o[nd][3] *= al1;
-        }
-        const uint32_t pa[4] = {pack_bf16(s0[0], s0[1]), pack_bf16(s0[2], s0[3]), pack_bf16(s1[0], s1[1]),
-                                pack_bf16(s1[2], s1[3])};
+        uint32_t pa[4];
+        attn_block_softmax(s0, s1, min(16, nt - kb), t, m0, m1, l0, l1, o, pa);
         const int vrow = (kb + (((lane >> 3) & 1) << 3) + (lane & 7)) * nkv + kvh;
 #pragma unroll
         for (int nd2 = 0; nd2 < 8; ++nd2) {
@@ -645,23 +582,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
 
 template <int NQ, int NO, int OT>
 cudaError_t a1_launch(const AttnT1Args& a, int grid, size_t smem, cudaStream_t st) {
-  auto fn = attn_t1_kernel<NQ, NO, OT>;
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return e;
-  // Cooperative: every CTA resident at once (they wait on each other), or
-  // the launch fails instead of hanging.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kA1Threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, fn, a);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  return launch_cooperative(attn_t1_kernel<NQ, NO, OT>, a, grid, kA1Threads, smem, st);
 }
 
 size_t a1_smem(int H, int nq, int nkv) {

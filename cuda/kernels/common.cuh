@@ -212,6 +212,93 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// One head of 128 dims held by a warp, lane l dims 4l..4l+3 (norm_rope.cu's
+// rope kernel, attn_layer.cu): RMSNorm with weight w (this lane's 4), then
+// rotate_half RoPE of the first 2 * half dims with the angles' cos / sin in
+// cs / sn [half] (q4 = half / 4 lanes apart). The FMAs are spelled out, in
+// the rope kernel's order before these helpers (small_check compares its
+// bits with that kernel's): left to the compiler, the contraction changed
+// with the code around it.
+__device__ __forceinline__ float4 head_rmsnorm(float4 v, const float4& w, float eps) {
+  const float ss = warp_sum(__fmaf_rn(v.w, v.w, __fmaf_rn(v.z, v.z, __fmaf_rn(v.x, v.x, __fmul_rn(v.y, v.y)))));
+  const float r = 1.0f / sqrtf(ss / 128.0f + eps);
+  return make_float4(w.x * (v.x * r), w.y * (v.y * r), w.z * (v.z * r), w.w * (v.w * r));
+}
+__device__ __forceinline__ float4 head_rope(float4 v, int lane, int half, const float* cs, const float* sn) {
+  const int q4 = half / 4;  // lane distance between a dim and its RoPE partner
+  // Partner lane for the rotate_half pairing (j <-> j +- rot/2).
+  int src = lane;
+  if (lane < q4) src = lane + q4;
+  else if (lane < 2 * q4) src = lane - q4;
+  const float px = __shfl_sync(0xffffffffu, v.x, src);
+  const float py = __shfl_sync(0xffffffffu, v.y, src);
+  const float pz = __shfl_sync(0xffffffffu, v.z, src);
+  const float pw = __shfl_sync(0xffffffffu, v.w, src);
+  if (lane < 2 * q4) {
+    const bool first = lane < q4;  // dims in [0, half): rotate_half gives -x[j+half]
+    const float sgn = first ? -1.0f : 1.0f;
+    float xs[4] = {v.x, v.y, v.z, v.w};
+    const float ps[4] = {px, py, pz, pw};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int j = (lane * 4 + i) % half;
+      xs[i] = __fmaf_rn(xs[i], cs[j], __fmul_rn(__fmul_rn(sgn, ps[i]), sn[j]));
+    }
+    v = make_float4(xs[0], xs[1], xs[2], xs[3]);
+  }
+  return v;
+}
+
+// One 16-key block of decode attention on tensor cores (attention.cu,
+// attn_layer.cu), after S = Q K^T: the thread holds keys 2t, 2t+1 (s0) and
+// 8+2t, 9+2t (s1) of rows g ([0], [1]) and g+8 ([2], [3]) in log2 units; keys
+// from `valid` on get -inf. Updates the rows' running max (m0, m1) and sum
+// (l0, l1: this thread's columns), rescales O, and returns P in BF16 as the
+// A fragment of O += P V.
+__device__ __forceinline__ void attn_block_softmax(float (&s0)[4], float (&s1)[4], int valid, int t, float& m0,
+                                                   float& m1, float& l0, float& l1, float (&o)[16][4],
+                                                   uint32_t (&pa)[4]) {
+  if (valid < 16) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int kc0 = 2 * t + (e & 1);
+      if (kc0 >= valid) s0[e] = -INFINITY;
+      if (kc0 + 8 >= valid) s1[e] = -INFINITY;
+    }
+  }
+  float mx0 = fmaxf(fmaxf(s0[0], s0[1]), fmaxf(s1[0], s1[1]));
+  float mx1 = fmaxf(fmaxf(s0[2], s0[3]), fmaxf(s1[2], s1[3]));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: the block has a valid key
+  const float al0 = ex2(m0 - mn0), al1 = ex2(m1 - mn1);    // 0 on the first block
+  m0 = mn0;
+  m1 = mn1;
+  s0[0] = ex2(s0[0] - mn0);
+  s0[1] = ex2(s0[1] - mn0);
+  s1[0] = ex2(s1[0] - mn0);
+  s1[1] = ex2(s1[1] - mn0);
+  s0[2] = ex2(s0[2] - mn1);
+  s0[3] = ex2(s0[3] - mn1);
+  s1[2] = ex2(s1[2] - mn1);
+  s1[3] = ex2(s1[3] - mn1);
+  l0 = l0 * al0 + ((s0[0] + s0[1]) + (s1[0] + s1[1]));
+  l1 = l1 * al1 + ((s0[2] + s0[3]) + (s1[2] + s1[3]));
+#pragma unroll
+  for (int nd = 0; nd < 16; ++nd) {
+    o[nd][0] *= al0;
+    o[nd][1] *= al0;
+    o[nd][2] *= al1;
+    o[nd][3] *= al1;
+  }
+  pa[0] = pack_bf16(s0[0], s0[1]);
+  pa[1] = pack_bf16(s0[2], s0[3]);
+  pa[2] = pack_bf16(s1[0], s1[1]);
+  pa[3] = pack_bf16(s1[2], s1[3]);
+}
+
 // Programmatic dependent launch (sm_90): lets the next kernel of the stream, if
 // it was launched with cudaLaunchAttributeProgrammaticStreamSerialization,
 // start its prologue (e.g. streaming weights) while this one runs; the

@@ -73,4 +73,26 @@ __device__ __forceinline__ uint32_t t1_pack4(const float4& v, float s) {
   return pack_e4m3x4(v.x, v.y, v.z, v.w, s);
 }
 
+// Launches kernel(args) as a cooperative grid of `grid` CTAs of `threads`
+// with `smem` bytes of dynamic shared memory: every CTA resident at once
+// (they wait on each other), or the launch fails instead of hanging.
+template <class A>
+cudaError_t launch_cooperative(void (*kernel)(A), const A& args, int grid, int threads, size_t smem,
+                               cudaStream_t st) {
+  cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeCooperative;
+  attr[0].val.cooperative = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  e = cudaLaunchKernelEx(&cfg, kernel, args);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
 }  // namespace glmk

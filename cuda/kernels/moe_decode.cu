@@ -568,23 +568,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
 
 template <int EPL, int NG, int ND>
 cudaError_t t1_launch(const MoeT1Args& a, int grid, size_t smem, cudaStream_t st) {
-  auto fn = moe_t1_kernel<EPL, NG, ND>;
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  if (e != cudaSuccess) return e;
-  // Cooperative: every CTA resident at once (they wait on each other), or
-  // the launch fails instead of hanging.
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeCooperative;
-  attr[0].val.cooperative = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kT1Threads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  e = cudaLaunchKernelEx(&cfg, fn, a);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  return launch_cooperative(moe_t1_kernel<EPL, NG, ND>, a, grid, kT1Threads, smem, st);
 }
 
 template <int NG, int ND>

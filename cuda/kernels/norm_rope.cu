@@ -300,7 +300,6 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
   }
   __syncthreads();
   const int blk = slot / a.block_size, off = slot % a.block_size;
-  const int q4 = half / 4;  // lane distance between a dim and its RoPE partner
   const float xs_t = a.x_scale ? a.x_scale[t] : 1.f;
   for (int hd = warp; hd < n_heads; hd += nwarps) {
     float4 v = v_next;
@@ -320,36 +319,8 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
     const bool is_k = !is_q && hd < a.n_q_heads + a.n_kv_heads;
     if (is_q || is_k) {
       const float* w = is_q ? a.q_norm : a.k_norm;
-      if (w) {
-        float ss = warp_sum(v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w);
-        const float r = 1.0f / sqrtf(ss / 128.0f + a.eps);
-        const float4 wv = reinterpret_cast<const float4*>(w)[lane];
-        v.x = wv.x * (v.x * r);
-        v.y = wv.y * (v.y * r);
-        v.z = wv.z * (v.z * r);
-        v.w = wv.w * (v.w * r);
-      }
-      // Partner lane for the rotate_half pairing (j <-> j +- rot/2).
-      int src = lane;
-      if (lane < q4) src = lane + q4;
-      else if (lane < 2 * q4) src = lane - q4;
-      float px = __shfl_sync(0xffffffffu, v.x, src);
-      float py = __shfl_sync(0xffffffffu, v.y, src);
-      float pz = __shfl_sync(0xffffffffu, v.z, src);
-      float pw = __shfl_sync(0xffffffffu, v.w, src);
-      if (lane < 2 * q4) {
-        const bool first = lane < q4;  // dims in [0, half): rotate_half gives -x[j+half]
-        const float sgn = first ? -1.0f : 1.0f;
-        float xs[4] = {v.x, v.y, v.z, v.w};
-        float ps[4] = {px, py, pz, pw};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int j = (lane * 4 + i) % half;
-          const float cs = s_cos[j], sn = s_sin[j];
-          xs[i] = xs[i] * cs + sgn * ps[i] * sn;
-        }
-        v = make_float4(xs[0], xs[1], xs[2], xs[3]);
-      }
+      if (w) v = head_rmsnorm(v, reinterpret_cast<const float4*>(w)[lane], a.eps);
+      v = head_rope(v, lane, half, s_cos, s_sin);
       if (is_q) {
         reinterpret_cast<float4*>(a.q_out + ((int64_t)t * a.n_q_heads + hd) * 128)[lane] = v;
         continue;

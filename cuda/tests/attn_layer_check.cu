@@ -23,15 +23,6 @@ using namespace glmk;
 
 namespace {
 
-__global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const uint64_t z = mix64(seed + i);
-    float v = 0.f;
-    for (int k = 0; k < 4; ++k) v += (float)((z >> (16 * k)) & 0xffff) * (1.0f / 65536.0f);
-    p[i] = (uint8_t)__nv_cvt_float_to_fp8(2.0f * 1.7320508f * (v - 2.0f), __NV_SATFINITE, __NV_E4M3);
-  }
-}
-
 struct Shape {
   const char* name;
   int H, nq, nkv, rot;
@@ -60,8 +51,8 @@ struct Layer {
         q_norm(128), k_norm(128), o_scale(s.H), k_cache((size_t)blocks * s.nkv * kBlock * 128),
         v_cache((size_t)blocks * s.nkv * kBlock * 128) {
     FastRng r{seed};
-    fill_fp8_kernel<<<1024, 256>>>(qkv_w.p, qkv_w.n, r.next());
-    fill_fp8_kernel<<<1024, 256>>>(o_w.p, o_w.n, r.next());
+    fill_e4m3_normal_kernel<<<1024, 256>>>(qkv_w.p, qkv_w.n, r.next());
+    fill_e4m3_normal_kernel<<<1024, 256>>>(o_w.p, o_w.n, r.next());
     fill_bf16_kernel<<<1024, 256>>>(k_cache.p, k_cache.n, r.next());
     fill_bf16_kernel<<<1024, 256>>>(v_cache.p, v_cache.n, r.next());
     CK(cudaGetLastError());
@@ -118,24 +109,32 @@ std::vector<int> shuffled_table(int blocks, uint64_t seed) {
   return t;
 }
 
-void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st, bool pdl) {
-  const int n_qkv = (s.nq + 2 * s.nkv) * 128, ko = s.nq * 128;
+// One row through the streaming GEMM as the runtime's linear() runs it at
+// batch 1 (split K over the SMs).
+void one_row_linear(const uint8_t* W, const float* ws, const float* bias, const uint8_t* X, const float* xs, int N,
+                    int K, float* Y, Bufs& b, cudaStream_t st, bool pdl) {
   StreamGemmArgs g;
-  g.W = L.qkv_w.p;
-  g.w_scale = L.qkv_scale.p;
-  g.bias = s.bias ? L.qkv_bias.p : nullptr;
-  g.X = b.xq.p;
-  g.x_scale = b.xs.p;
+  g.W = W;
+  g.w_scale = ws;
+  g.bias = bias;
+  g.X = X;
+  g.x_scale = xs;
   g.M = 1;
-  g.N = n_qkv;
-  g.K = s.H;
-  g.Y = b.qkv.p;
-  g.ldy = n_qkv;
+  g.N = N;
+  g.K = K;
+  g.Y = Y;
+  g.ldy = N;
   g.max_rows_per_group = 1;
-  g.ksplit = gemm_fp8_stream_splits(1, n_qkv, s.H, b.ctas);
+  g.ksplit = gemm_fp8_stream_splits(1, N, K, b.ctas);
   g.ws = b.split_ws.p;
   g.pdl = pdl;
   CK(gemm_fp8_stream(g, st));
+}
+
+void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st, bool pdl) {
+  const int n_qkv = (s.nq + 2 * s.nkv) * 128, ko = s.nq * 128;
+  one_row_linear(L.qkv_w.p, L.qkv_scale.p, s.bias ? L.qkv_bias.p : nullptr, b.xq.p, b.xs.p, n_qkv, s.H, b.qkv.p, b,
+                 st, pdl);
   QkRopeArgs q;
   q.qkv = b.qkv.p;
   q.T = 1;
@@ -176,21 +175,7 @@ void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st, bool pd
   a.pdl = pdl;
   CK(attention_decode(a, st));
   if (s.nkv != 1) CK(quant_rows_fp8(b.attn.p, ko, 1, ko, b.attn_q.p, ko, b.attn_s.p, nullptr, st));
-  StreamGemmArgs o;
-  o.W = L.o_w.p;
-  o.w_scale = L.o_scale.p;
-  o.X = b.attn_q.p;
-  o.x_scale = b.attn_s.p;
-  o.M = 1;
-  o.N = s.H;
-  o.K = ko;
-  o.Y = b.delta.p;
-  o.ldy = s.H;
-  o.max_rows_per_group = 1;
-  o.ksplit = gemm_fp8_stream_splits(1, s.H, ko, b.ctas);
-  o.ws = b.split_ws.p;
-  o.pdl = pdl;
-  CK(gemm_fp8_stream(o, st));
+  one_row_linear(L.o_w.p, L.o_scale.p, nullptr, b.attn_q.p, b.attn_s.p, s.H, ko, b.delta.p, b, st, pdl);
 }
 
 AttnT1Args fused_args(const Shape& s, const Layer& L, Bufs& b) {
@@ -372,20 +357,10 @@ void bench_shape(const Shape& s, int n, int layers) {
     CK(cudaStreamSynchronize(st));
     CK(cudaStreamDestroy(st));
     const auto t = tr.down();
-    unsigned long long t0 = ~0ull;
-    for (int c = 0; c < G; ++c) t0 = std::min(t0, t[c]);
-    const char* names[kMarks] = {"start",         "q|k|v out",    "q|k|v polled",  "norm+rope done",
-                                 "attention done",   "split out",    "merge polled",  "merge out",
-                                 "o_proj issued", "output polled", "o_proj done"};
-    for (int i = 0; i < kMarks; ++i) {
-      std::vector<double> v;
-      for (int c = 0; c < G; ++c)
-        if (t[(size_t)i * G + c]) v.push_back((t[(size_t)i * G + c] - t0) * 1e-3);
-      if (v.empty()) continue;
-      std::sort(v.begin(), v.end());
-      printf("phase %-15s CTAs %3zu  min %6.2f  median %6.2f  max %6.2f us\n", names[i], v.size(), v.front(),
-             v[v.size() / 2], v.back());
-    }
+    const char* names[kMarks] = {"start",         "q|k|v out",     "q|k|v polled", "norm+rope done",
+                                 "attention done", "split out",     "merge polled", "merge out",
+                                 "o_proj issued",  "output polled", "o_proj done"};
+    print_phases(t, G, names, kMarks);
     // SM clock over each phase interval (cycles / ns), median over CTAs.
     for (int i = 1; i < kMarks; ++i) {
       std::vector<double> v;

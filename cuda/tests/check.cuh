@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -167,6 +168,18 @@ static __global__ void fill_bf16_kernel(uint16_t* p, size_t n, uint64_t seed) {
   }
 }
 
+// E4M3 codes of ~N(0, 2) values (sum of four uniforms), from a counter-based
+// hash: gigabytes of FP8 weights without a host round trip (moe_decode_check,
+// attn_layer_check).
+static __global__ void fill_e4m3_normal_kernel(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    const uint64_t z = mix64(seed + i);
+    float v = 0.f;
+    for (int k = 0; k < 4; ++k) v += (float)((z >> (16 * k)) & 0xffff) * (1.0f / 65536.0f);
+    p[i] = (uint8_t)__nv_cvt_float_to_fp8(2.0f * 1.7320508f * (v - 2.0f), __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
 // ------------------------------------------------------------ device buffers
 
 // The byte Dev<T>::poison() fills with by default: 0xff (NaN for floats, 0xff
@@ -252,6 +265,28 @@ static inline void print_table(const char* err_head) {
 // The line the GPU scripts grep: "prog: N checks, M failed".
 static inline void print_summary(const char* prog, int fails) {
   printf("%s: %zu checks, %d failed\n", prog, table.size(), fails);
+}
+
+// ------------------------------------------------------------ phase stamps
+
+// The phase table of a one-launch layer's bench (moe_decode_check,
+// attn_layer_check): t[i * ctas + c] is CTA c's %globaltimer at phase i (0:
+// not reached); per phase the CTAs that reached it and min / median / max
+// microseconds from the first CTA's start.
+static inline void print_phases(const std::vector<unsigned long long>& t, int ctas, const char* const* names,
+                                int n_phases) {
+  unsigned long long t0 = ~0ull;
+  for (int c = 0; c < ctas; ++c)
+    if (t[c]) t0 = std::min(t0, t[c]);
+  for (int i = 0; i < n_phases; ++i) {
+    std::vector<double> v;
+    for (int c = 0; c < ctas; ++c)
+      if (t[(size_t)i * ctas + c]) v.push_back((t[(size_t)i * ctas + c] - t0) * 1e-3);
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    printf("phase %-22s CTAs %3zu  min %6.2f  median %6.2f  max %6.2f us\n", names[i], v.size(), v.front(),
+           v[v.size() / 2], v.back());
+  }
 }
 
 // ------------------------------------------------------------ timing

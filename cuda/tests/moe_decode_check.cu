@@ -20,17 +20,6 @@ using namespace glmk;
 
 namespace {
 
-// E4M3 codes of ~N(0, 2) values (sum of four uniforms), from a counter-based
-// hash: gigabytes of expert weights without a host round trip.
-__global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-    const uint64_t z = mix64(seed + i);
-    float v = 0.f;
-    for (int k = 0; k < 4; ++k) v += (float)((z >> (16 * k)) & 0xffff) * (1.0f / 65536.0f);
-    p[i] = (uint8_t)__nv_cvt_float_to_fp8(2.0f * 1.7320508f * (v - 2.0f), __NV_SATFINITE, __NV_E4M3);
-  }
-}
-
 struct Shape {
   const char* name;
   int H, MI, E, top_k, n_group, topk_group;
@@ -58,8 +47,8 @@ struct Layer {
     router_W.up(rw);
     bias.up(b);
     const size_t G = s.E + s.shared;
-    fill_fp8_kernel<<<1024, 256>>>(e_gu.p, e_gu.n, r.next());
-    fill_fp8_kernel<<<1024, 256>>>(e_down.p, e_down.n, r.next());
+    fill_e4m3_normal_kernel<<<1024, 256>>>(e_gu.p, e_gu.n, r.next());
+    fill_e4m3_normal_kernel<<<1024, 256>>>(e_down.p, e_down.n, r.next());
     CK(cudaGetLastError());
     std::vector<float> gs(G * 2 * s.MI), ds(G * s.H);
     for (auto& v : gs) v = (0.5f + 0.1f * std::fabs(r.nrm())) / (2.0f * std::sqrt((float)s.H));
@@ -310,20 +299,10 @@ void bench_shape(const Shape& s, int layers) {
     CK(cudaStreamSynchronize(st));
     CK(cudaStreamDestroy(st));
     const auto t = tr.down();
-    unsigned long long t0 = ~0ull;
-    for (int c = 0; c < sms; ++c) t0 = std::min(t0, t[c]);
     const char* names[9] = {"start", "router partials out", "norm + router done", "gate|up done",
                             "activations ready", "down start", "down done", "last CTA: norm start",
                             "last CTA: end"};
-    for (int i = 0; i < 9; ++i) {
-      std::vector<double> v;
-      for (int c = 0; c < sms; ++c)
-        if (t[(size_t)i * sms + c]) v.push_back((t[(size_t)i * sms + c] - t0) * 1e-3);
-      if (v.empty()) continue;
-      std::sort(v.begin(), v.end());
-      printf("phase %-22s CTAs %3zu  min %6.2f  median %6.2f  max %6.2f us\n", names[i], v.size(), v.front(),
-             v[v.size() / 2], v.back());
-    }
+    print_phases(t, sms, names, 9);
   }
   for (auto* l : Ls) delete l;
 }
