@@ -144,9 +144,11 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
 
   // ---- the split of the keys (the same in every CTA)
   const int ctx = a.ctx_len[0];  // keys, the new token's (ctx - 1) included
+  // A row without keys (ctx_len 0: a padding row, as attention_decode takes
+  // them) has no split; its output row is zeros (the merge's L is 0).
   int kps = (ctx + G - 1) / G;
-  kps = (kps + kA1SplitRound - 1) / kA1SplitRound * kA1SplitRound;
-  const int S = (ctx + kps - 1) / kps;
+  kps = max(kA1SplitRound, (kps + kA1SplitRound - 1) / kA1SplitRound * kA1SplitRound);
+  const int S = ctx > 0 ? (ctx + kps - 1) / kps : 0;
   const bool split_cta = b < S;
   const int k0 = b * kps, k1 = min(ctx, k0 + kps);
   const int* bt = a.block_tables + a.bt_offset[0];
@@ -506,7 +508,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
         o.w += v.w;
         L += sh.ml[w];
       }
-      const float il = 1.0f / L;
+      const float il = L > 0.f ? 1.0f / L : 0.f;  // no keys: zeros
       unsigned long long* dst = ws.o + h * kA1D + d0 + 4 * tid;
       reinterpret_cast<ulonglong2*>(dst)[0] = make_ulonglong2(t1_tag(epoch, o.x * il), t1_tag(epoch, o.y * il));
       reinterpret_cast<ulonglong2*>(dst)[1] = make_ulonglong2(t1_tag(epoch, o.z * il), t1_tag(epoch, o.w * il));

@@ -324,6 +324,39 @@ void check_shape(const Shape& s, const std::vector<int>& ctxs) {
   CK(cudaStreamDestroy(st));
 }
 
+// A padding row (no keys: ctx_len 0, slot -1): the chain writes a zero
+// attention row and leaves the cache alone; so must the launch, its delta
+// o_proj's of zeros.
+void check_no_keys(const Shape& s) {
+  Layer L(s, 64, rng());
+  Bufs b(s, 64);
+  b.bt.up(shuffled_table(L.blocks, rng()));
+  b.pos.up({0});
+  b.ctx.up({0});
+  b.slot.up({-1});
+  std::vector<uint8_t> xq(s.H);
+  FastRng r{rng()};
+  for (auto& v : xq) v = fp8_enc(2.0f * r.nrm());
+  b.xq.up(xq);
+  b.xs.up({0.02f});
+  const auto kc0 = L.k_cache.down(), vc0 = L.v_cache.down();
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  run_chain(s, L, b, st, false);
+  CK(cudaStreamSynchronize(st));
+  const auto ref = b.delta.down();
+  b.delta.poison();
+  run_fused(s, L, b, st);
+  CK(cudaStreamSynchronize(st));
+  const auto got = b.delta.down();
+  CK(cudaStreamDestroy(st));
+  std::vector<double> g(got.begin(), got.end()), rr(ref.begin(), ref.end());
+  const std::string det = fmt("%s H=%d q%d kv%d ctx 0", s.name, s.H, s.nq, s.nkv);
+  report("attn_layer_t1 no keys delta", det, rel_err(g, rr), 1e-6);
+  const bool cache_same = L.k_cache.down() == kc0 && L.v_cache.down() == vc0;
+  report("attn_layer_t1 no keys cache", det + " (cache changed)", cache_same ? 0.0 : 1.0, 0);
+}
+
 void bench_shape(const Shape& s, int n, int layers) {
   std::vector<Layer*> Ls;
   for (int i = 0; i < layers; ++i) Ls.push_back(new Layer(s, n, rng()));
@@ -417,7 +450,10 @@ int main(int argc, char** argv) {
     }
     const std::vector<int> ctxs = {1, 2, 17, 100, 1000, 2048, 4095, 16384, 20000};
     for (const Shape& s : shapes)
-      if (!only_shape || !strcmp(only_shape, s.name)) check_shape(s, ctxs);
+      if (!only_shape || !strcmp(only_shape, s.name)) {
+        check_shape(s, ctxs);
+        check_no_keys(s);
+      }
   }
   if (do_bench)
     for (int n : {1024, 2048, 4096, 16384}) bench_shape(rank, n, 20);
