@@ -5,8 +5,8 @@
 # -o .carry/cuda`) carried from the development machine. Stages, in order:
 #
 #   check    kernel_check, attn_check, prefill_check, grouped_check, small_check,
-#            stream_tc_check against float64 references, moe_decode_check
-#            against the kernel chain it replaces;
+#            stream_tc_check against float64 references, moe_decode_check and
+#            attn_layer_check against the kernel chains they replace;
 #            the tiny models validated on CUDA (FP8 and exact); greedy tokens with
 #            CUDA graphs on and off (must be identical); the -tags gpu Go tests
 #   kernels  attention decode bench next to PyTorch SDPA on the same shapes;
@@ -83,7 +83,8 @@ else
 fi
 
 if want check; then
-  for t in kernel_check attn_check prefill_check grouped_check small_check stream_tc_check moe_decode_check; do
+  for t in kernel_check attn_check prefill_check grouped_check small_check stream_tc_check moe_decode_check \
+           attn_layer_check; do
     if [[ ! -x "$PRE/$t" ]]; then fail "$t               missing in $PRE"; continue; fi
     if timeout "$T" "$PRE/$t" >"$LOG/$t.log" 2>&1; then note "$(printf '%-21s' $t) ok ($(grep -m1 -o '[0-9]* checks, [0-9]* failed' "$LOG/$t.log"))"
     else fail "$(printf '%-21s' $t) FAIL (see $t.log)"; grep -m12 FAIL "$LOG/$t.log"; tail -3 "$LOG/$t.log"; fi
@@ -140,8 +141,10 @@ if want kernels; then
   timeout "$T" "$PRE/stream_tc_check" --bench-only >"$LOG/stream-tc-bench.txt" 2>&1 || fail "stream_tc_check --bench FAIL"
   timeout "$T" "$PRE/moe_decode_check" --bench-only >"$LOG/moe-decode-bench.txt" 2>&1 || fail "moe_decode_check --bench FAIL"
   cp "$LOG/moe-decode-bench.txt" "$FINAL/" 2>/dev/null
+  timeout "$T" "$PRE/attn_layer_check" --bench-only >"$LOG/attn-layer-bench.txt" 2>&1 || fail "attn_layer_check --bench FAIL"
+  cp "$LOG/attn-layer-bench.txt" "$FINAL/" 2>/dev/null
   cp "$LOG/stream-tc-bench.txt" "$FINAL/" 2>/dev/null
-  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt, kc-bench.txt, stream-tc-bench.txt"
+  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt, kc-bench.txt, stream-tc-bench.txt, moe-decode-bench.txt, attn-layer-bench.txt"
 fi
 
 if want grid; then
