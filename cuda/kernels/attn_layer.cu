@@ -11,7 +11,7 @@
 // them all: every CTA requests its share of the q|k|v weights and its
 // split's KV lines at once; values pass between CTAs as (launch epoch, value)
 // words (handoff.cuh). In isolation on an H100 (attn_layer_check --bench,
-// 2026-11-28): 25.0 -> 23.0 us a layer at 2k keys, 33.5 -> 26.4 at 16k.
+// 2026-11-28): 25.2 -> 21.7 us a layer at 2k keys, 33.5 -> 25.6 at 16k.
 //
 // Work:
 //   q|k|v   units of 8 output rows, two units a 16-row mma A tile (units b,
@@ -71,7 +71,6 @@ struct A1Shared {
   float4 mo[kA1Warps][8];  // the merge: each warp's sum of 32 dims
   float ml[kA1Warps];      // ... and of l
   float x_scale, o_scale;
-  int last;
 };
 
 // Workspace (after the header), 8-byte tagged words: the q|k|v row, the

@@ -752,10 +752,11 @@ struct AttnT1Args {
   float* delta = nullptr;            // [H]
   void* workspace = nullptr;
   int ws_ctas = 0;                   // the CTAs the workspace was sized for
-  // Benches only: [11][grid] %globaltimer stamps of each CTA's phases (start,
-  // q|k|v out, q|k|v polled, q/k norm + RoPE done, first scores done, split
-  // out, merge polled, merge out, o_proj weights requested, output polled,
-  // o_proj done); null otherwise.
+  // Benches only: [22][grid] stamps; rows 0-10 each CTA's %globaltimer at
+  // its phases (start, q|k|v out, q|k|v polled, q/k norm + RoPE done,
+  // attention done, split out, merge polled, merge out, o_proj weights
+  // requested, output polled, o_proj done), rows 11-21 its clock64 at the
+  // same points; null otherwise.
   unsigned long long* trace = nullptr;
 };
 bool attn_layer_t1_supported(int H, int n_q_heads, int n_kv_heads, int rot_dim);
