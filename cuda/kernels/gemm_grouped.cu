@@ -617,9 +617,15 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 // longer share a group's weights in L2 / DRAM pages), splitting a last round
 // of few tiles into 128-channel units (no gain: a nearly empty last round
 // streams faster per CTA).
-template <int BN_, int STAGES_>
+// FAST: no promotion (kGroupedTcW128x256Fast): each stage's chains run
+// straight into the output registers, the next stage's are issued before
+// this one's retire (wait_group 1), and a stage's slot is released once the
+// chains after it are issued, the pattern of CUTLASS's FP8FastAccum
+// mainloops.
+template <int BN_, int STAGES_, bool FAST_ = false>
 struct WsConfig {
   static constexpr int BM = 128, BN = BN_, STAGES = STAGES_;
+  static constexpr bool FAST = FAST_;
   static constexpr int CONSUMERS = 2;  // warpgroups of 64 rows
   static constexpr int THREADS = 128 * (1 + CONSUMERS);
   static constexpr int A_BYTES = BM * kBK, B_BYTES = BN * kBK, STAGE_BYTES = A_BYTES + B_BYTES;
@@ -636,6 +642,7 @@ struct WsConfig {
 };
 using CfgW128x256 = WsConfig<256, 4>;
 using CfgW128x128 = WsConfig<128, 6>;
+using CfgW128x256Fast = WsConfig<256, 4, true>;
 
 // m_bound: the host's bound on the m-tiles (the grid of the F kernel); tiles
 // past it are dropped as there, so both kernels read the same bounds.
@@ -743,37 +750,75 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         s_bias[c] = in && a.bias ? a.bias[(int64_t)grp * a.N + n] : 0.f;
       }
       const bool active = 64 * cw < rows;  // warpgroup-uniform
-      float acc[C::BN / 2];
+      // acc[half][i]: channels 128 half + (the m64n128 layout's index i).
+      float acc[C::BN / 128][64];
 #pragma unroll
-      for (int i = 0; i < C::BN / 2; ++i) acc[i] = 0.f;
-      float part[64];
-      for (int kt = 0; kt < KT; ++kt) {
-        mbar_wait(bar_full + 8 * stage, phase);
+      for (int h = 0; h < C::BN / 128; ++h)
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[h][i] = 0.f;
+      if constexpr (C::FAST) {
         if (active) {
-          // The A rows were written by cp.async (generic proxy); the tensor
-          // cores read them through the async proxy.
-          fence_proxy_async();
-          const uint32_t st = sbase + stage * C::STAGE_BYTES;
-#pragma unroll
-          for (int half = 0; half < C::BN / 128; ++half) {
+          int held = 0;  // the slot whose chains may still be in flight (none before kt 1)
+          for (int kt = 0; kt < KT; ++kt) {
+            mbar_wait(bar_full + 8 * stage, phase);
+            fence_proxy_async();  // as below
+            const uint32_t st = sbase + stage * C::STAGE_BYTES;
             wgmma_fence();
 #pragma unroll
-            for (int s = 0; s < kBK / 32; ++s)
-              wgmma_m64n128k32_e4m3(part, wgmma_desc(st + a_off + 32 * s),
-                                    wgmma_desc(st + C::A_BYTES + half * 128 * kBK + 32 * s), s);
-            wgmma_commit();
-            wgmma_wait<0>();
+            for (int half = 0; half < C::BN / 128; ++half)
 #pragma unroll
-            for (int i = 0; i < 64; ++i) acc[64 * half + i] += part[i];
+              for (int s = 0; s < kBK / 32; ++s)
+                wgmma_m64n128k32_e4m3(acc[half], wgmma_desc(st + a_off + 32 * s),
+                                      wgmma_desc(st + C::A_BYTES + half * 128 * kBK + 32 * s), 1);
+            wgmma_commit();
+            wgmma_wait<1>();  // the previous stage's chains have retired
+            __syncwarp();
+            mbar_arrive_if(bar_empty + 8 * held, lane == 0 && kt > 0);
+            held = stage;
+            if (++stage == C::STAGES) stage = 0, phase ^= 1;
+          }
+          wgmma_wait<0>();
+          __syncwarp();
+          mbar_arrive_if(bar_empty + 8 * held, lane == 0 && KT > 0);
+        } else {
+          for (int kt = 0; kt < KT; ++kt) {
+            mbar_wait(bar_full + 8 * stage, phase);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(bar_empty + 8 * stage);
+            if (++stage == C::STAGES) stage = 0, phase ^= 1;
           }
         }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(bar_empty + 8 * stage);
-        if (++stage == C::STAGES) stage = 0, phase ^= 1;
+      } else {
+        float part[64];
+        for (int kt = 0; kt < KT; ++kt) {
+          mbar_wait(bar_full + 8 * stage, phase);
+          if (active) {
+            // The A rows were written by cp.async (generic proxy); the tensor
+            // cores read them through the async proxy.
+            fence_proxy_async();
+            const uint32_t st = sbase + stage * C::STAGE_BYTES;
+#pragma unroll
+            for (int half = 0; half < C::BN / 128; ++half) {
+              wgmma_fence();
+#pragma unroll
+              for (int s = 0; s < kBK / 32; ++s)
+                wgmma_m64n128k32_e4m3(part, wgmma_desc(st + a_off + 32 * s),
+                                      wgmma_desc(st + C::A_BYTES + half * 128 * kBK + 32 * s), s);
+              wgmma_commit();
+              wgmma_wait<0>();
+#pragma unroll
+              for (int i = 0; i < 64; ++i) acc[half][i] += part[i];
+            }
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar_empty + 8 * stage);
+          if (++stage == C::STAGES) stage = 0, phase ^= 1;
+        }
       }
       named_bar_sync(1 + cw, 128);  // the scales are published
       if (active) {
-        // Accumulator 4j + e: row 16 * (warp % 4) + g + 8 * (e >> 1), channel 8j + 2 * c4 + (e & 1).
+        // Accumulator 4j + e (acc[j / 16][4 (j % 16) + e]): row 16 * (warp % 4) + g + 8 * (e >> 1),
+        // channel 8j + 2 * c4 + (e & 1).
         const int rl = 16 * (warp & 3) + g;
         auto store2 = [&](int r, int c, float v0, float v1) {
           if (64 * cw + r >= rows || n0 + c >= a.N) return;
@@ -785,8 +830,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         };
 #pragma unroll
         for (int j = 0; j < C::BN / 8; ++j) {
-          store2(rl, 8 * j + 2 * c4, acc[4 * j], acc[4 * j + 1]);
-          store2(rl + 8, 8 * j + 2 * c4, acc[4 * j + 2], acc[4 * j + 3]);
+          const float* v = &acc[j / 16][4 * (j % 16)];
+          store2(rl, 8 * j + 2 * c4, v[0], v[1]);
+          store2(rl + 8, 8 * j + 2 * c4, v[2], v[3]);
         }
       }
     }
@@ -882,7 +928,8 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
                                 cudaStream_t st) {
   if (a.Xf || a.ksplit != 1 || a.K <= 0 || a.K % kBK != 0 || a.N < 0 || a.N % 128 != 0 ||
       a.M < 0 || a.groups <= 0 || (!a.group_offsets && a.groups != 1) || a.max_active_groups < 0 ||
-      a.typical_rows_per_group < 0 || tu.tile < 0 || tu.tile >= kGroupedTcTiles || tu.panel < 0)
+      a.typical_rows_per_group < 0 || tu.tile < 0 || tu.tile >= kGroupedTcTiles || tu.panel < 0 ||
+      tu.fp8_accum < 0 || tu.fp8_accum > 2)
     return cudaErrorInvalidValue;
   if (a.N == 0 || a.M == 0) return cudaSuccess;
   // Exactly one of Y (FP32) and y16 (BF16).
@@ -908,7 +955,9 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
     // F64x256 at <= 64 rows a group with a short K (down, K 1536: its
     // persistent CTAs hide the per-tile pipeline fill), but ~5% slower there
     // with a long K (gate|up, K 5120), which keeps F64x256.
-    else if (tu.fp8_accum) tile = rows <= 64 && a.K > 2048 ? kGroupedTcF64x256 : kGroupedTcW128x256;
+    else if (tu.fp8_accum) tile = rows <= 64 && a.K > 2048 ? kGroupedTcF64x256
+                                  : tu.fp8_accum == 2        ? kGroupedTcW128x256Fast
+                                                             : kGroupedTcW128x256;
     else if (rows <= 32) tile = kGroupedTcM64x128;
     else if (rows <= 64) tile = kGroupedTcE64x128;
     else tile = kGroupedTcE128x256;
@@ -924,6 +973,7 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
     case kGroupedTcM64x128: return launch_grouped<CfgM64x128>(a, y16, panel, st);
     case kGroupedTcW128x256: return launch_ws<CfgW128x256>(a, y16, panel, st);
     case kGroupedTcW128x128: return launch_ws<CfgW128x128>(a, y16, panel, st);
+    case kGroupedTcW128x256Fast: return launch_ws<CfgW128x256Fast>(a, y16, panel, st);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -465,6 +465,12 @@ bool gemm_fp8_grouped_tc_supported(int N, int K);
 // with a producer warpgroup (TMA weights through a tensor map encoded per
 // call, cp.async gathered rows) and two consumer warpgroups handing stages
 // over mbarriers, persistent CTAs (one per SM, raster order, panel as for F).
+// W128x256Fast: W128x256 with every stage's chains accumulating straight
+// into the output registers (no per-128-K chain from zero, no wait for it
+// before the next): the tensor cores never drain between stages, at the
+// precision of Hopper's FP8 accumulation over all of K (~13 fraction bits at
+// each k32 step; measured ~1.3e-3 relative on random codes at K = 5120 —
+// far below the 2^-4 steps of the FP8 activations it multiplies).
 // An E, F or W tile on a GPU other than sm_90 gives cudaErrorInvalidValue.
 enum GroupedTcTile {
   kGroupedTcAuto = 0,      // from the rows a group is expected to hold (and fp8_accum, the GPU)
@@ -477,12 +483,16 @@ enum GroupedTcTile {
   kGroupedTcW128x256 = 7,  // F128x256 warp-specialized: TMA/cp.async producer warpgroup,
                            // 2 consumer warpgroups x m64n256, mbarrier pipeline, persistent
   kGroupedTcW128x128 = 8,  // the same, 2 consumer warpgroups x m64n128
-  kGroupedTcTiles = 9
+  kGroupedTcW128x256Fast = 9,  // W128x256 with one FP8 chain over all of K (no promotion)
+  kGroupedTcTiles = 10
 };
 struct GroupedTcTuning {
   int tile = kGroupedTcAuto;
   int panel = 0;      // m-tiles per raster panel (CTAs of a panel share n-tiles); 0: default
-  int fp8_accum = 0;  // auto only: 1 picks an F or W tile (faster, cuBLASLt's FP8 precision)
+  // auto only: 1 picks an F or W tile (faster, cuBLASLt's FP8 precision);
+  // 2 the same but W128x256Fast for the W tile (fastest; the precision of
+  // CUTLASS's FP8FastAccum kernels, which vLLM runs for FP8 linears on sm_90).
+  int fp8_accum = 0;
 };
 cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tune,
                                       cudaStream_t st);

@@ -1157,9 +1157,13 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // torch._scaled_mm: ~2e-4 relative, far below the FP8 activation rounding)
   // ran gate|up / down at 2,048 rows in 0.127 / 0.101 ms on an H200
   // (grouped_check --bench, 2026-11-24), the exact FP16 tiles in 0.169 /
-  // 0.128, the streaming kernel in 0.776 / 0.408.
+  // 0.128, the streaming kernel in 0.776 / 0.408. fp8_accum 2: the
+  // warp-specialized tile without promotion (W128x256Fast, the precision of
+  // the FP8FastAccum CUTLASS kernels vLLM runs on sm_90: ~1e-3 relative, still
+  // far below the activations' 2^-4 rounding steps), whose tensor cores never
+  // wait for a 128-K chain to retire.
   glmk::GroupedTcTuning gtc;
-  gtc.fp8_accum = 1;
+  gtc.fp8_accum = 2;
   const bool grouped_tc = experts_grouped_tc(e, m);
   if (grouped_tc) g.M = T * d.slots;  // bounds the tiles (the streaming form leaves M unset)
   // On that path gate|up comes out in BF16 (the SiLU kernel widens it back):
