@@ -11,7 +11,11 @@ each query sees, summed. One line per shape, joinable on `shape`:
 
     shape        sdpa_ms  sdpa_TFLOP/s  backend
 
-    python3 scripts/peer_prefill.py [--json OUT] [--reps N]
+    python3 scripts/peer_prefill.py [--json OUT] [--reps N] [--all-backends]
+
+--all-backends: one line per backend that runs on the shape (flash, efficient,
+cudnn with enable_gqa, and flash / cudnn with K/V expanded to the 12 query heads,
+as a model that repeats its KV heads calls it).
 """
 import argparse
 import json
@@ -54,45 +58,71 @@ def timed(fn, reps):
     return statistics.median(ts)
 
 
-def run(batch, lq, start, reps):
+# (name, backend, KV heads expanded to the query heads): the default run tries
+# the first two in order; --all-backends times every one that runs.
+CONFIGS = (
+    ("flash", SDPBackend.FLASH_ATTENTION, False),
+    ("efficient", SDPBackend.EFFICIENT_ATTENTION, False),
+    ("cudnn", SDPBackend.CUDNN_ATTENTION, False),
+    ("flash/kv-expanded", SDPBackend.FLASH_ATTENTION, True),
+    ("cudnn/kv-expanded", SDPBackend.CUDNN_ATTENTION, True),
+)
+
+
+def run(batch, lq, start, reps, every=False):
+    """(ms, backend) of the first config that runs, or with every=True a list
+    of (ms, backend) for every config that runs."""
     lk = start + lq
     q = torch.randn(batch, HEADS, lq, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(batch, 1, lk, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn(batch, 1, lk, D, device="cuda", dtype=torch.bfloat16)
-    if start == 0:
-        def call():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    else:
-        bias = causal_lower_right(lq, lk)
+    kx = k.expand(batch, HEADS, lk, D).contiguous() if every else None
+    vx = v.expand(batch, HEADS, lk, D).contiguous() if every else None
+    bias = causal_lower_right(lq, lk) if start else None
 
-        def call():
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
-    for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)):
+    def make(expanded):
+        kk, vv = (kx, vx) if expanded else (k, v)
+        gqa = not expanded
+        if bias is None:
+            return lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=gqa)
+        return lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=bias, enable_gqa=gqa)
+
+    out, last = [], None
+    for name, be, expanded in CONFIGS if every else CONFIGS[:2]:
         try:
             with sdpa_kernel(be):
-                return timed(call, reps), name
+                ms = timed(make(expanded), reps)
         except RuntimeError as err:
             last = err
-    raise last
+            continue
+        if not every:
+            return ms, name
+        out.append((ms, name))
+    if not out:
+        raise last
+    return out
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--all-backends", action="store_true",
+                    help="time every SDPA backend (flash, efficient, cudnn; GQA and KV expanded to 12 heads)")
     args = ap.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'shape':22s} {'sdpa_ms':>10s} {'TFLOP/s':>8s}  backend")
     rows = []
     for name, batch, lq, start in shapes():
         try:
-            ms, be = run(batch, lq, start, args.reps)
+            res = run(batch, lq, start, args.reps, args.all_backends)
         except RuntimeError as err:
             print(f"{name:22s} {'-':>10s} {'-':>8s}  failed: {str(err).splitlines()[0]}")
             continue
-        tf = flops(batch, lq, start) / (ms * 1e-3) / 1e12
-        print(f"{name:22s} {ms:10.4f} {tf:8.1f}  {be}")
-        rows.append({"shape": name, "sdpa_ms": ms, "sdpa_tflops": tf, "backend": be})
+        for ms, be in res if args.all_backends else [res]:
+            tf = flops(batch, lq, start) / (ms * 1e-3) / 1e12
+            print(f"{name:22s} {ms:10.4f} {tf:8.1f}  {be}")
+            rows.append({"shape": name, "sdpa_ms": ms, "sdpa_tflops": tf, "backend": be})
         sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common.cuh"
+#include "hopper.cuh"
 
 namespace glmk {
 namespace {
@@ -363,11 +364,6 @@ __device__ __forceinline__ void cp_async16_zfill_hint(uint32_t dst, const void* 
                "r"(src_bytes), "l"(policy)
                : "memory");
 }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // Arrival on a merge counter. Every thread has stored its share of the CTA's
 // result; returns (to every thread) whether this CTA is the expected-th, i.e.
 // the last, to arrive. The last one resets the counter for the next launch.
@@ -967,6 +963,7 @@ static_assert(kPrefillMaxRows == 128, "workspace slots sized for 128-row items")
 // 0.918; 8 prompts of 1k 128 rows 0.115, 64 rows 0.135; 3 stages slower at
 // 128 rows (shared memory halves the CTAs per SM), equal at 64.
 struct PfTuning {
+  int kernel = 0;             // 0: the wgmma kernel on sm_90, else mma.sync; 1: mma.sync; 2: wgmma
   int rows = 0;               // rows per item: 128 (4 warps x 32 rows), 64 (4 warps x 16 rows),
                               // 0: chosen per step (see pf_auto_rows)
   int stages = 2;             // K/V ring depth: 2 or 3 (smem 96 / 128 KB per CTA at 128 rows)
@@ -986,9 +983,33 @@ __device__ __forceinline__ PrefillItem ld_item(const PrefillItem* p) {
   return PrefillItem{v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], v[8], v[9]};
 }
 
-template <int MT, int NW, int S>
+// Shared-memory byte offset of 16-byte chunk c (0..15) of row r in a tile of
+// nrows rows of 128 dims (256 bytes). mma.sync kernel: rows of 256 bytes,
+// chunk c at c ^ (r & 7). WG (wgmma) kernel: the tile as two halves of 64 dims,
+// [2][nrows][128 bytes], chunk c at half c / 8, position (c % 8) ^ (r & 7): the
+// 128-byte swizzle wgmma's descriptors describe (tile bases 1024-aligned).
+template <bool WG>
+__device__ __forceinline__ uint32_t pf_chunk_off(int r, int c, int nrows) {
+  if constexpr (WG) return (uint32_t)((c >> 3) * nrows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+  else return (uint32_t)(r * 256 + ((c ^ (r & 7)) << 4));
+}
+
+// WG: the same flash loop on the wgmma tensor cores (sm_90a). MT = 1; each
+// warpgroup (4 warps) owns 64 rows: S = Q K^T as 8 m64n64k16 with Q and K
+// from shared memory, the mask and online softmax on the accumulators (the
+// same per-warp layout as the mma.sync tiles, so the same code), O += P V as 4
+// m64n128k16 with P from registers and V read transposed (MN-major) from the
+// same tiles. A warpgroup skips a tile only when all its 64 rows do.
+template <int MT, int NW, int S, bool WG>
 __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArgs a) {
   static_assert(S >= 2 && S <= 4, "pipeline depth");
+  static_assert(!WG || (MT == 1 && (NW == 4 || NW == 8)), "wgmma kernel: warpgroups of 64 rows");
+#if !defined(GLMK_HAS_WGMMA)
+  if constexpr (WG) {
+    __trap();  // launched only on sm_90 (attention_prefill)
+    return;
+  }
+#endif
   constexpr int NT = NW * 32;
   constexpr int ROWS = 16 * MT * NW;            // rows per CTA
   constexpr int WROWS = 16 * MT;                // rows per warp
@@ -1008,10 +1029,12 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
   const int* bt = a.block_tables + a.seq_bt_offset[it.seq];
   const __nv_bfloat16* kc = a.k_cache;
   const __nv_bfloat16* vc = a.v_cache;
-  // Shared memory (pf_smem_bytes): Q [ROWS][256 B] | S x [K 16 KB | V 16 KB] |
+  // Shared memory (pf_launch): Q [ROWS][256 B] | S x [K 16 KB | V 16 KB] |
   // lim[ROWS] | flag, from a 256-byte aligned base (the ldmatrix addresses
-  // below XOR the chunk bits 4..7 of the address itself).
-  const uint32_t q_s = ((uint32_t)__cvta_generic_to_shared(pf_smem) + 255u) & ~255u;
+  // below XOR the chunk bits 4..7 of the address itself); WG: 1024-aligned,
+  // tiles as pf_chunk_off<true> lays them out.
+  constexpr uint32_t kAlign = WG ? 1024u : 256u;
+  const uint32_t q_s = ((uint32_t)__cvta_generic_to_shared(pf_smem) + kAlign - 1) & ~(kAlign - 1);
   const uint32_t kv_s = q_s + ROWS * 256;
   int* lim_s = reinterpret_cast<int*>(pf_smem + (q_s - (uint32_t)__cvta_generic_to_shared(pf_smem)) + ROWS * 256 +
                                       S * kPfStageBytes);
@@ -1042,7 +1065,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
       const int grp = __shfl_sync(0xffffffffu, gj, kr >> 4);
       const bool ok = key0 + kr < k_end;
       const int64_t src = (int64_t)grp * (16 * kPfD) + (kr & 15) * kPfD + c * 8;
-      const uint32_t so = kr * 256 + ((c ^ (kr & 7)) << 4);
+      const uint32_t so = pf_chunk_off<WG>(kr, c, kPfBN);
       cp_async16_zfill(dst + so, ok ? kc + src : kc, ok ? 16 : 0);
       cp_async16_zfill(dst + kPfTileBytes + so, ok ? vc + src : vc, ok ? 16 : 0);
     }
@@ -1069,7 +1092,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
       const float4 x0 = __ldg(src), x1 = __ldg(src + 1);
       const uint32_t w0 = pack_bf16(x0.x * qsc, x0.y * qsc), w1 = pack_bf16(x0.z * qsc, x0.w * qsc);
       const uint32_t w2 = pack_bf16(x1.x * qsc, x1.y * qsc), w3 = pack_bf16(x1.z * qsc, x1.w * qsc);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + r * 256 + ((c ^ (r & 7)) << 4)),
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + pf_chunk_off<WG>(r, c, ROWS)),
                    "r"(w0), "r"(w1), "r"(w2), "r"(w3)
                    : "memory");
     }
@@ -1126,6 +1149,9 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
 
   for (int j = 0; j < n_tiles; ++j) {
     cp_async_wait<S - 2>();  // tile j has landed (this thread's copies)
+#if defined(GLMK_HAS_WGMMA)
+    if constexpr (WG) fence_proxy_async();  // the copies (and Q) are read next by the tensor cores
+#endif
     __syncthreads();         // ... and every thread's (and Q); stage (j-1) % S is free
     {
       const int jn = j + S - 1;
@@ -1137,10 +1163,24 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
     }
     const uint32_t kb = kv_s + (j % S) * kPfStageBytes;  // 256-byte aligned
     const int key0 = k_begin + kPfBN * j;
-    if (key0 >= wlim_s[2 * warp + 1]) continue;  // every key of the tile is past every row of this warp
-
     // S = Q K^T. Thread holds keys 8nt + 2t, +1 of rows g ([0], [1]) and g+8 ([2], [3]).
     float sc[MT][8][4];
+    if constexpr (WG) {
+      // Every key of the tile past every row of this warpgroup (uniform over its warps).
+      const int* wl = wlim_s + 2 * (warp & ~3);
+      if (key0 >= max(max(wl[1], wl[3]), max(wl[5], wl[7]))) continue;
+#if defined(GLMK_HAS_WGMMA)
+      const uint32_t qw = q_s + (warp >> 2) * 64 * 128;  // the warpgroup's 64 rows
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wgmma_m64n64k16_bf16_ss(sc[0], wgmma_desc(qw + (kk >> 2) * ROWS * 128 + (kk & 3) * 32),
+                                wgmma_desc(kb + (kk >> 2) * kPfBN * 128 + (kk & 3) * 32), kk);
+      wgmma_commit();
+      wgmma_wait<0>();
+#endif
+    } else {
+    if (key0 >= wlim_s[2 * warp + 1]) continue;  // every key of the tile is past every row of this warp
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -1161,6 +1201,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
           mma_bf16_16816(sc[mt][2 * np + 1], qa[mt], b2, b3);
         }
       }
+    }
     }
     if (key0 + kPfBN > wlim_s[2 * warp]) {  // some key of the tile is past some row: causal mask (and k_end)
 #pragma unroll
@@ -1206,6 +1247,27 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
       }
     }
     // O += P V: P (C layout of S) is the A fragment directly.
+    if constexpr (WG) {
+#if defined(GLMK_HAS_WGMMA)
+      uint32_t pa[4][4];
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack_bf16(sc[0][2 * kk][0], sc[0][2 * kk][1]);
+        pa[kk][1] = pack_bf16(sc[0][2 * kk][2], sc[0][2 * kk][3]);
+        pa[kk][2] = pack_bf16(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
+      }
+      wgmma_fence();  // O was rescaled by the softmax
+      // V tile half h (dims 64h..) is [64 keys][128 bytes]: MN-major with the
+      // two 64-dim atoms kPfBN * 128 bytes apart; k step kk = keys 16kk.. =
+      // two 8-key groups of 1024 bytes.
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_m64n128k16_bf16_rs_tb(o[0], pa[kk], wgmma_desc_mn(kb + kPfTileBytes + kk * 2048, kPfBN * 128));
+      wgmma_commit();
+      wgmma_wait<0>();
+#endif
+    } else {
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       uint32_t pa[MT][4];
@@ -1226,6 +1288,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
           mma_bf16_16816(o[mt][2 * nd2 + 1], pa[mt], b2, b3);
         }
       }
+    }
     }
   }
   cp_async_wait<0>();
@@ -1306,7 +1369,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
 }
 
 // cudaFuncSetAttribute once per device and kernel instantiation.
-template <int MT, int NW, int S>
+template <int MT, int NW, int S, bool WG>
 cudaError_t pf_prepare(int smem) {
   static std::atomic<unsigned long long> done{0};
   int dev = 0;
@@ -1314,22 +1377,22 @@ cudaError_t pf_prepare(int smem) {
   if (e != cudaSuccess) return e;
   const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S, WG>, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   done.fetch_or(bit, std::memory_order_relaxed);
   return cudaSuccess;
 }
 
-template <int MT, int NW, int S>
+template <int MT, int NW, int S, bool WG = false>
 cudaError_t pf_launch(const PrefillAttnArgs& a, cudaStream_t st) {
   constexpr int rows = 16 * MT * NW;
-  constexpr int smem = 256 + rows * 256 + S * kPfStageBytes + rows * 4 + 2 * NW * 4 + 16;  // the kernel's layout
-  cudaError_t e = pf_prepare<MT, NW, S>(smem);
+  constexpr int smem = (WG ? 1024 : 256) + rows * 256 + S * kPfStageBytes + rows * 4 + 2 * NW * 4 + 16;  // the kernel's layout
+  cudaError_t e = pf_prepare<MT, NW, S, WG>(smem);
   if (e != cudaSuccess) return e;
-  prefill_attn_kernel<MT, NW, S><<<dim3(a.n_items, a.n_kv_heads), NW * 32, smem, st>>>(a);
+  prefill_attn_kernel<MT, NW, S, WG><<<dim3(a.n_items, a.n_kv_heads), NW * 32, smem, st>>>(a);
   return cudaGetLastError();
 }
 
@@ -1468,6 +1531,17 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
     return cudaErrorInvalidValue;
   if (a.n_parts > 0 && !a.workspace) return cudaErrorInvalidValue;
   const int stages = g_pf_tuning.stages == 3 ? 3 : 2;
+  int dev = 0;
+  DeviceInfo di;
+  const cudaError_t e = device_info(dev, di);
+  if (e != cudaSuccess) return e;
+  const int kernel = g_pf_tuning.kernel;
+  if (kernel == 2 && di.major != 9) return cudaErrorInvalidValue;  // wgmma: sm_90 only
+  if (kernel == 2 || (kernel == 0 && di.major == 9)) {
+    // Two warpgroups for 128-row items, one for 64-row ones.
+    if (a.rows == 128) return stages == 3 ? pf_launch<1, 8, 3, true>(a, st) : pf_launch<1, 8, 2, true>(a, st);
+    return stages == 3 ? pf_launch<1, 4, 3, true>(a, st) : pf_launch<1, 4, 2, true>(a, st);
+  }
   if (a.rows == 128) return stages == 3 ? pf_launch<2, 4, 3>(a, st) : pf_launch<2, 4, 2>(a, st);
   return stages == 3 ? pf_launch<1, 4, 3>(a, st) : pf_launch<1, 4, 2>(a, st);
 }
@@ -1477,9 +1551,11 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
 struct PrefillAttnTuning {
   int rows, stages, min_split_tiles;
   float split_frac;
+  int kernel;  // 0 auto (wgmma on sm_90), 1 mma.sync, 2 wgmma
 };
 void prefill_attention_get_tuning(PrefillAttnTuning* t) {
-  *t = {g_pf_tuning.rows, g_pf_tuning.stages, g_pf_tuning.min_split_tiles, g_pf_tuning.split_frac};
+  *t = {g_pf_tuning.rows, g_pf_tuning.stages, g_pf_tuning.min_split_tiles, g_pf_tuning.split_frac,
+        g_pf_tuning.kernel};
 }
 void prefill_attention_set_tuning(const PrefillAttnTuning* t) {
   if (!t) {
@@ -1490,6 +1566,7 @@ void prefill_attention_set_tuning(const PrefillAttnTuning* t) {
   g_pf_tuning.stages = t->stages;
   g_pf_tuning.min_split_tiles = t->min_split_tiles;
   g_pf_tuning.split_frac = t->split_frac;
+  g_pf_tuning.kernel = t->kernel;
 }
 // Bytes at the start of every attention_prefill workspace that hold the merge
 // counters; all zero between launches.

@@ -11,7 +11,8 @@
 // outputs poisoned (NaN) before each launch. Cases: whole prompts, chunks at
 // start_pos > 0 (not a multiple of 64), one-token "chunks", several sequences
 // at once, G = 1 .. 16, 1 or 2 KV heads, block sizes 16 .. 64, 64- and
-// 128-row items, 2- and 3-stage rings, splits over keys forced on and off.
+// 128-row items, 2- and 3-stage rings, splits over keys forced on and off, each
+// with the mma.sync kernel and (sm_90) the wgmma one.
 // Relative L2 against float64 (bf16 Q, K, V and P: tolerance 1e-2); two
 // launches bitwise equal; the workspace's counter header zero after every
 // launch (one workspace shared by every case, zeroed once); a CUDA graph
@@ -38,6 +39,7 @@ namespace glmk {
 struct PrefillAttnTuning {
   int rows, stages, min_split_tiles;
   float split_frac;
+  int kernel;  // 0 auto (wgmma on sm_90), 1 mma.sync, 2 wgmma
 };
 void prefill_attention_get_tuning(PrefillAttnTuning* t);
 void prefill_attention_set_tuning(const PrefillAttnTuning* t);
@@ -47,6 +49,7 @@ size_t prefill_attention_counter_bytes();
 using namespace glmk;
 
 static int g_num_sms = 132;
+static int g_major = 0;  // compute capability of device 0
 // One workspace for every case, zeroed only when (re)allocated.
 static void* g_ws = nullptr;
 static size_t g_ws_bytes = 0;
@@ -398,7 +401,7 @@ static double causal_flops(const std::vector<Seq>& seqs, int NH) {
 }
 
 struct BenchOut {
-  double ms, tflops, old_ms;
+  double ms, tflops, old_ms, mma_ms;
   int items, parts;
 };
 static BenchOut bench_one(const BenchShape& b, bool with_old) {
@@ -417,7 +420,17 @@ static BenchOut bench_one(const BenchShape& b, bool with_old) {
   const double fl = causal_flops(b.seqs, 12);
   const int reps = fl > 2e11 ? 5 : 20;
   const double ms = median_ms(reps, 0, [&](int) { CK(attention_prefill(a, 0)); });
-  BenchOut r{ms, fl / (ms * 1e-3) / 1e12, NAN, D.plan.n_items, D.plan.n_parts};
+  BenchOut r{ms, fl / (ms * 1e-3) / 1e12, NAN, NAN, D.plan.n_items, D.plan.n_parts};
+  if (g_major == 9) {  // the mma.sync kernel on the same plan (the default there is the wgmma one)
+    PrefillAttnTuning t, keep;
+    prefill_attention_get_tuning(&keep);
+    t = keep;
+    t.kernel = 1;
+    prefill_attention_set_tuning(&t);
+    CK(attention_prefill(a, 0));
+    r.mma_ms = median_ms(reps, 0, [&](int) { CK(attention_prefill(a, 0)); });
+    prefill_attention_set_tuning(&keep);
+  }
   if (with_old && b.old_path) {
     std::vector<AttnSeqDesc> sd;
     for (size_t s = 0; s < P.seqs.size(); ++s) sd.push_back({P.q_begin[s], P.seqs[s].n_q, P.seqs[s].start_pos});
@@ -452,13 +465,17 @@ static BenchOut bench_one(const BenchShape& b, bool with_old) {
 
 static void bench(const char* json) {
   printf("\nattention_prefill bench: 12 q heads / 1 KV head, dim 128, block 16 (GLM-4.7 at TP8)\n");
-  printf("%-22s %10s %8s %10s %8s %7s %6s\n", "shape", "ms", "TFLOP/s", "old_ms", "speedup", "items", "parts");
+  printf("ms: the default kernel (wgmma on sm_90); mma_ms: the mma.sync kernel, same plan; old_ms: FP32 cores\n");
+  printf("%-22s %10s %8s %10s %8s %10s %8s %7s %6s\n", "shape", "ms", "TFLOP/s", "mma_ms", "TFLOP/s", "old_ms",
+         "speedup", "items", "parts");
   FILE* jf = json ? fopen(json, "w") : nullptr;
   if (jf) fprintf(jf, "[\n");
   bool firstj = true;
   for (const BenchShape& b : bench_shapes()) {
     const BenchOut r = bench_one(b, true);
-    printf("%-22s %10.4f %8.1f %10s %8s %7d %6d\n", b.name.c_str(), r.ms, r.tflops,
+    const double mtf = std::isnan(r.mma_ms) ? NAN : r.tflops * r.ms / r.mma_ms;
+    printf("%-22s %10.4f %8.1f %10s %8s %10s %8s %7d %6d\n", b.name.c_str(), r.ms, r.tflops,
+           std::isnan(r.mma_ms) ? "-" : fmt("%.4f", r.mma_ms).c_str(), std::isnan(mtf) ? "-" : fmt("%.1f", mtf).c_str(),
            std::isnan(r.old_ms) ? "-" : fmt("%.3f", r.old_ms).c_str(),
            std::isnan(r.old_ms) ? "-" : fmt("%.0fx", r.old_ms / r.ms).c_str(), r.items, r.parts);
     if (jf) {
@@ -486,7 +503,7 @@ static void sweep() {
   for (int rows : {0, 128, 64})  // 0: the planner's choice
     for (int st : {2, 3})
       for (float frac : {0.f, 0.5f, 1.0f, 2.0f}) {
-        PrefillAttnTuning t{rows, st, 4, frac};
+        PrefillAttnTuning t{rows, st, 4, frac, 0};
         prefill_attention_set_tuning(&t);
         printf("%-26s", fmt("%d %d %d %.1f", rows, st, 4, frac).c_str());
         for (auto& s : shapes) printf(" %20.4f", bench_one(s, false).ms);
@@ -515,14 +532,22 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   g_num_sms = prop.multiProcessorCount;
+  g_major = prop.major;
   printf("device: %s, %d SMs, seed %llu\n", prop.name, prop.multiProcessorCount, (unsigned long long)seed);
 
   if (!only_bench) {
-    const std::vector<PrefillAttnTuning> knobs = {{128, 2, 4, 0.5f}, {64, 2, 4, 0.5f}, {128, 3, 1, 4.0f},
-                                                  {64, 3, 1, 4.0f}};
+    std::vector<PrefillAttnTuning> knobs;
+    for (int kernel : {1, 2}) {
+      if (kernel == 2 && g_major != 9) continue;
+      for (PrefillAttnTuning t : {PrefillAttnTuning{128, 2, 4, 0.5f, 0}, PrefillAttnTuning{64, 2, 4, 0.5f, 0},
+                                  PrefillAttnTuning{128, 3, 1, 4.0f, 0}, PrefillAttnTuning{64, 3, 1, 4.0f, 0}}) {
+        t.kernel = kernel;
+        knobs.push_back(t);
+      }
+    }
     for (const auto& t : knobs) {
       prefill_attention_set_tuning(&t);
-      const std::string w = fmt("r%d s%d", t.rows, t.stages);
+      const std::string w = fmt("%s r%d s%d", t.kernel == 2 ? "wg" : "mma", t.rows, t.stages);
       run_case({w + " prompt", {{1, 0}}, 12, 1, 16, 0});
       run_case({w + " prompt", {{17, 0}}, 12, 1, 16, 0});
       run_case({w + " prompt", {{200, 0}}, 12, 1, 16, 2});
