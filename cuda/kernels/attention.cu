@@ -969,7 +969,15 @@ struct PfTuning {
   int stages = 2;             // K/V ring depth: 2 or 3 (smem 96 / 128 KB per CTA at 128 rows)
   int min_split_tiles = 4;    // pieces of a split item have at least this many 64-key tiles
   float split_frac = 2.0f;    // split target: split_frac * (tiles per SM); 0: never split
+  // ... at most this when the items would fill fewer than two CTAs per SM
+  // and are long (kPfUnderfillMinTiles key tiles on average): a 2,048-token
+  // chunk after long earlier context is 192 items of 128 rows. On an H200
+  // (2026-11-28) the chunk after 14,336 keys took 0.534 ms split at 0.5
+  // against 0.610 at 2.0 and a 32k prompt's TTFT went 1,724 -> 1,621 ms;
+  // short items lose (a 1k prompt 0.030 -> 0.049 ms split so). 0: no such rule.
+  float underfill_frac = 0.5f;
 };
+constexpr int kPfUnderfillMinTiles = 128;  // 8,192 keys
 PfTuning g_pf_tuning;
 
 // The 10 ints of an item, loaded where written (volatile: not hoisted, so not
@@ -1474,9 +1482,13 @@ bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, in
     return false;
   }
   // Splits, heaviest items first, while items, slots and counters last.
-  if (tu.split_frac > 0.f && plan->max_parts > 1 && !blk.empty()) {
+  float frac = tu.split_frac;
+  if (tu.underfill_frac > 0.f && (long long)blk.size() * n_kv_heads < 2LL * num_sms && !blk.empty() &&
+      W >= (double)kPfUnderfillMinTiles * blk.size())
+    frac = std::min(frac, tu.underfill_frac);
+  if (frac > 0.f && plan->max_parts > 1 && !blk.empty()) {
     const double per_sm = W * n_kv_heads / num_sms;
-    const int target = std::max(std::max(1, tu.min_split_tiles), (int)std::ceil(tu.split_frac * per_sm));
+    const int target = std::max(std::max(1, tu.min_split_tiles), (int)std::ceil(frac * per_sm));
     order.resize(blk.size());
     for (size_t i = 0; i < blk.size(); ++i) order[i] = (int)i;
     std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return blk[x].tiles > blk[y].tiles; });
@@ -1551,11 +1563,12 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
 struct PrefillAttnTuning {
   int rows, stages, min_split_tiles;
   float split_frac;
-  int kernel;  // 0 auto (wgmma on sm_90), 1 mma.sync, 2 wgmma
+  int kernel;            // 0 auto (wgmma on sm_90), 1 mma.sync, 2 wgmma
+  float underfill_frac;  // PfTuning::underfill_frac (0: off)
 };
 void prefill_attention_get_tuning(PrefillAttnTuning* t) {
-  *t = {g_pf_tuning.rows, g_pf_tuning.stages, g_pf_tuning.min_split_tiles, g_pf_tuning.split_frac,
-        g_pf_tuning.kernel};
+  *t = {g_pf_tuning.rows,   g_pf_tuning.stages, g_pf_tuning.min_split_tiles, g_pf_tuning.split_frac,
+        g_pf_tuning.kernel, g_pf_tuning.underfill_frac};
 }
 void prefill_attention_set_tuning(const PrefillAttnTuning* t) {
   if (!t) {
@@ -1567,6 +1580,7 @@ void prefill_attention_set_tuning(const PrefillAttnTuning* t) {
   g_pf_tuning.min_split_tiles = t->min_split_tiles;
   g_pf_tuning.split_frac = t->split_frac;
   g_pf_tuning.kernel = t->kernel;
+  g_pf_tuning.underfill_frac = t->underfill_frac;
 }
 // Bytes at the start of every attention_prefill workspace that hold the merge
 // counters; all zero between launches.

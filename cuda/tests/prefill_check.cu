@@ -39,7 +39,8 @@ namespace glmk {
 struct PrefillAttnTuning {
   int rows, stages, min_split_tiles;
   float split_frac;
-  int kernel;  // 0 auto (wgmma on sm_90), 1 mma.sync, 2 wgmma
+  int kernel;            // 0 auto (wgmma on sm_90), 1 mma.sync, 2 wgmma
+  float underfill_frac;  // the planner's harder split for few items (0: off; the knob sets here leave it off)
 };
 void prefill_attention_get_tuning(PrefillAttnTuning* t);
 void prefill_attention_set_tuning(const PrefillAttnTuning* t);
@@ -566,6 +567,8 @@ int main(int argc, char** argv) {
     }
     prefill_attention_set_tuning(nullptr);
     run_case({"default long chunk", {{4096, 12288}}, 12, 1, 16, 0});
+    // 192 items of 128 rows (< 2 CTAs per SM on a 132-SM GPU): split by the underfill rule.
+    run_case({"default chunk after 14k", {{2048, 14336}}, 12, 1, 16, 0});
     run_case({"default 16 prompts", std::vector<Seq>(16, Seq{160, 0}), 12, 1, 16, 0});
     check_graph();
     check_invalid();
