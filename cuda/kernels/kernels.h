@@ -169,8 +169,9 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
 // ----------------------------------------------------- attention.cu: prefill
 // Prefill attention (several new tokens per sequence: whole prompts, chunked
 // prefill, prefix-cache hits) over the paged BF16 KV cache, causal, flash
-// style on tensor cores (bf16 mma.sync m16n8k16, FP32 accumulate and online
-// softmax in FP32, exp2 with the scale folded into Q).
+// style on tensor cores (bf16 wgmma m64n64k16 / m64n128k16 on sm_90, a
+// warpgroup per 64 rows; bf16 mma.sync m16n8k16 elsewhere; FP32 accumulate
+// and online softmax in FP32, exp2 with the scale folded into Q).
 //
 // Rows. For one KV head the G = n_q_heads / n_kv_heads query heads of every
 // new token of a sequence form the sequence's query rows, in order:
