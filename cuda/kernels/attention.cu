@@ -964,8 +964,8 @@ static_assert(kPrefillMaxRows == 128, "workspace slots sized for 128-row items")
 // 128 rows (shared memory halves the CTAs per SM), equal at 64.
 struct PfTuning {
   int kernel = 0;             // 0: the wgmma kernel on sm_90, else mma.sync; 1: mma.sync; 2: wgmma
-  int rows = 0;               // rows per item: 128 (4 warps x 32 rows), 64 (4 warps x 16 rows),
-                              // 0: chosen per step (see pf_auto_rows)
+  int rows = 0;               // rows per item: 128 (mma.sync: 4 warps x 32 rows; wgmma: 2 warpgroups
+                              // x 64), 64 (4 warps x 16 rows; 1 warpgroup), 0: chosen per step
   int stages = 2;             // K/V ring depth: 2 or 3 (smem 96 / 128 KB per CTA at 128 rows)
   int min_split_tiles = 4;    // pieces of a split item have at least this many 64-key tiles
   float split_frac = 2.0f;    // split target: split_frac * (tiles per SM); 0: never split
@@ -1397,7 +1397,8 @@ cudaError_t pf_prepare(int smem) {
 template <int MT, int NW, int S, bool WG = false>
 cudaError_t pf_launch(const PrefillAttnArgs& a, cudaStream_t st) {
   constexpr int rows = 16 * MT * NW;
-  constexpr int smem = (WG ? 1024 : 256) + rows * 256 + S * kPfStageBytes + rows * 4 + 2 * NW * 4 + 16;  // the kernel's layout
+  // The kernel's layout (WG: a 1024-byte aligned base).
+  constexpr int smem = (WG ? 1024 : 256) + rows * 256 + S * kPfStageBytes + rows * 4 + 2 * NW * 4 + 16;
   cudaError_t e = pf_prepare<MT, NW, S, WG>(smem);
   if (e != cudaSuccess) return e;
   prefill_attn_kernel<MT, NW, S, WG><<<dim3(a.n_items, a.n_kv_heads), NW * 32, smem, st>>>(a);
