@@ -461,8 +461,8 @@ bool gemm_fp8_grouped_tc_supported(int N, int K);
 // relative on random FP8 codes, the precision of lt_gemm_fp8 and
 // torch._scaled_mm. M: mma.sync (exact; any sm_89+ GPU; on sm_90 it runs as
 // FP16 HMMA). auto: M up to 32 rows a group (weights-bound), E64x128 up to
-// 64, E128x256 above (with fp8_accum: W128x256, F64x256 up to 64 rows when
-// K > 2048; M off sm_90). W: the F numerics (bit for bit F128x256's results)
+// 64, E128x256 above (with fp8_accum: W128x256 — W128x256Fast with
+// fp8_accum 2 — and F64x256 up to 64 rows when K > 2048; M off sm_90). W: the F numerics (bit for bit F128x256's results)
 // with a producer warpgroup (TMA weights through a tensor map encoded per
 // call, cp.async gathered rows) and two consumer warpgroups handing stages
 // over mbarriers, persistent CTAs (one per SM, raster order, panel as for F).
