@@ -107,8 +107,15 @@ __device__ __forceinline__ void norm_row_tail(const AddNormArgs& a, int i, float
   if (tid == 0) a.out_scale[i] = s;
 }
 
+// At least kNormMinBlocks CTAs an SM: left alone ptxas gave the NV = 5 rows
+// (H 5120) 97 registers, two CTAs an SM, and a 2,048-row prefill norm ran at
+// a third of HBM (ncu on an H200, 2026-11-28: 25% occupancy, latency-bound);
+// with 3, 80 registers and no spill. (4 spilled 120 bytes, and so do NV 6-8
+// at 3: they keep ptxas's count, as does the combine kernel, which spills at 3.)
+constexpr int kNormMinBlocks = 3;
+
 template <int NV>
-__global__ void __launch_bounds__(kNormThreads) add_rmsnorm_vec_kernel(AddNormArgs a) {
+__global__ void __launch_bounds__(kNormThreads, NV <= 5 ? kNormMinBlocks : 1) add_rmsnorm_vec_kernel(AddNormArgs a) {
   pdl_launch_dependents();
   const int i = blockIdx.x;
   const int src = a.row_index ? a.row_index[i] : i;
