@@ -135,7 +135,7 @@ if want kernels; then
   fi
   timeout "$T" "$PRE/kernel_check" --bench-only >"$LOG/kc-bench.txt" 2>&1 || fail "kernel_check --bench-only FAIL"
   cp "$LOG/kc-bench.txt" "$FINAL/" 2>/dev/null
-  timeout "$T" python3 scripts/peer_attention.py --json "$LOG/sdpa.json" >"$LOG/sdpa.txt" 2>&1 || fail "peer_attention.py FAIL"
+  timeout "$T" python3 scripts/peer_attention.py ${SDPA_ARGS:---all-backends} --json "$LOG/sdpa.json" >"$LOG/sdpa.txt" 2>&1 || fail "peer_attention.py FAIL"
   cp "$LOG/attn-bench.txt" "$LOG/sdpa.txt" "$FINAL/" 2>/dev/null
   timeout "$T" "$PRE/small_check" --bench-only >"$LOG/small-bench.txt" 2>&1 || fail "small_check --bench FAIL"
   cp "$LOG/small-bench.txt" "$FINAL/" 2>/dev/null

@@ -12,6 +12,12 @@ that L2 never holds them. One line per shape, in attn_check's order, joinable on
     shape        sdpa_us  sdpa_TB/s  backend
 
     python3 scripts/peer_attention.py [--json OUT] [--reps N] [--shapes b1_c2048,b16_c8192]
+                                      [--all-backends]
+
+--all-backends: one line per backend that runs on the shape (flash, efficient, cuDNN, each
+on the GQA call and on K/V expanded to 12 heads), the fastest marked `best`: the peer a
+user of PyTorch would get by picking the backend per shape (prefill's cuDNN backend was
+1.7-1.9x faster than flash, docs/perf.md 2026-11-28).
 """
 import argparse
 import json
@@ -43,21 +49,32 @@ def kv_bytes(b, c):
     return b * c * 2 * D * 2
 
 
+# The default order (first that runs); --all-backends times every one that runs.
+BACKENDS = [
+    (SDPBackend.FLASH_ATTENTION, "gqa", "flash"),
+    (SDPBackend.EFFICIENT_ATTENTION, "gqa", "efficient"),
+    (SDPBackend.EFFICIENT_ATTENTION, "expand", "efficient-expand"),
+    (SDPBackend.CUDNN_ATTENTION, "gqa", "cudnn"),
+    (SDPBackend.CUDNN_ATTENTION, "expand", "cudnn-expand"),
+    (SDPBackend.FLASH_ATTENTION, "expand", "flash-expand"),
+]
+
+
+def runs(backend, mode, q, k, v):
+    try:
+        with sdpa_kernel(backend):
+            call(q, k, v, mode)
+        torch.cuda.synchronize()
+        return True
+    except RuntimeError:
+        return False
+
+
 def pick_backend(q, k, v):
-    """The first (backend, mode) that runs this shape."""
-    tries = [
-        (SDPBackend.FLASH_ATTENTION, "gqa", "flash"),
-        (SDPBackend.EFFICIENT_ATTENTION, "gqa", "efficient"),
-        (SDPBackend.EFFICIENT_ATTENTION, "expand", "efficient-expand"),
-    ]
-    for backend, mode, name in tries:
-        try:
-            with sdpa_kernel(backend):
-                call(q, k, v, mode)
-            torch.cuda.synchronize()
+    """The first (backend, mode) of the default three that runs this shape."""
+    for backend, mode, name in BACKENDS[:3]:
+        if runs(backend, mode, q, k, v):
             return backend, mode, name
-        except RuntimeError:
-            continue
     raise RuntimeError("no SDPA backend takes this shape")
 
 
@@ -68,13 +85,25 @@ def call(q, k, v, mode):
     return F.scaled_dot_product_attention(q, k.expand(b, HEADS, c, d), v.expand(b, HEADS, c, d))
 
 
-def time_shape(b, c, reps):
+def time_shape(b, c, reps, all_backends=False):
+    """[(us, TB/s, name)]: the default backend's, or every backend's that runs."""
     nbytes = kv_bytes(b, c)
     copies = 1 if nbytes >= ROTATE_BYTES else math.ceil(ROTATE_BYTES / nbytes)
     q = torch.randn(b, HEADS, 1, D, device="cuda", dtype=torch.bfloat16)
     ks = [torch.randn(b, 1, c, D, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
     vs = [torch.randn(b, 1, c, D, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
-    backend, mode, name = pick_backend(q, ks[0], vs[0])
+    if all_backends:
+        picks = [(be, mode, name) for be, mode, name in BACKENDS if runs(be, mode, q, ks[0], vs[0])]
+    else:
+        picks = [pick_backend(q, ks[0], vs[0])]
+    out = [time_backend(q, ks, vs, copies, nbytes, reps, *p) for p in picks]
+    del ks, vs, q
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return out
+
+
+def time_backend(q, ks, vs, copies, nbytes, reps, backend, mode, name):
     n_graphs = (copies + CALLS_PER_GRAPH - 1) // CALLS_PER_GRAPH
     graphs = []
     with sdpa_kernel(backend):
@@ -107,9 +136,8 @@ def time_shape(b, c, reps):
         e1.synchronize()
         times.append(e0.elapsed_time(e1))
     us = statistics.median(times) * 1000.0 / CALLS_PER_GRAPH
-    del graphs, ks, vs, q
+    del graphs
     torch.cuda.synchronize()
-    torch.cuda.empty_cache()
     return us, nbytes / (us * 1e-6) / 1e12, name
 
 
@@ -118,6 +146,8 @@ def main():
     ap.add_argument("--json", metavar="OUT", help="write the numbers as JSON")
     ap.add_argument("--reps", type=int, default=30, help="graph replays per shape (default 30)")
     ap.add_argument("--shapes", help="comma-separated subset, e.g. b1_c2048,b64_c8192")
+    ap.add_argument("--all-backends", action="store_true",
+                    help="time every SDPA backend that runs on a shape; the JSON row is the fastest")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("peer_attention: no CUDA device")
@@ -132,8 +162,12 @@ def main():
         shape = f"b{b}_c{c}"
         if want is not None and shape not in want:
             continue
-        us, tbs, name = time_shape(b, c, args.reps)
-        print(f"{shape:<12} {us:9.2f} {tbs:9.3f} {100 * tbs / PEAK_TBS:6.1f}%  {name}", flush=True)
+        res = time_shape(b, c, args.reps, args.all_backends)
+        best = min(res)
+        for us, tbs, name in res:
+            mark = "  best" if args.all_backends and (us, tbs, name) == best else ""
+            print(f"{shape:<12} {us:9.2f} {tbs:9.3f} {100 * tbs / PEAK_TBS:6.1f}%  {name}{mark}", flush=True)
+        us, tbs, name = best
         rows.append({"shape": shape, "batch": b, "ctx": c, "kv_mb": kv_bytes(b, c) / 1e6,
                      "sdpa_us": round(us, 3), "sdpa_tbs": round(tbs, 4), "backend": name})
     if args.json:
