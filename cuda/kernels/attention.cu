@@ -279,6 +279,7 @@ constexpr int kDecChunkRound = kDecTile * kDecWarps;  // split lengths are multi
 constexpr int kDecMaxSplits = 256;              // max_splits accepted by attention_decode
 constexpr int kDecPolicyMaxSplits = 128;        // most splits the policy picks
 constexpr int kDecMaxMerge = 32;                // most partials one merge step reads
+constexpr int kDecMaxCluster = 16;              // most CTAs of the cluster form (sm_90's non-portable size)
 constexpr int kDecMaxGroups = 16;               // ceil(sqrt(kDecMaxSplits)): most level-1 groups
 constexpr int kDecCntStride = 1 + kDecMaxGroups;  // counters per (sequence, KV head)
 constexpr int kDecMaxPairs = 1024;              // (sequence, KV head) pairs that may split
@@ -305,6 +306,11 @@ struct DecTuning {
   // (2026-11-24): 1 beats 2 by 4-10% from batch 4 to 128 (b16/4k 16.6 vs 18.6
   // us, b64/2k 24.7 vs 25.6, b128/4k 68.5 vs 71.4) and ties at batch 1.
   int ctas_per_sm = 1;
+  // Where the splits merge: 0 auto (a thread-block cluster per (sequence, KV
+  // head) where max_splits is 2, 4, 8 or 16 and the whole grid's clusters fit
+  // the device at once), 1 the workspace (counters and the last CTA), 2 a
+  // cluster wherever one launches.
+  int cluster = 0;
 };
 DecTuning g_dec_tuning;
 
@@ -328,6 +334,14 @@ struct DecShared {
   float w[kDecMaxMerge][16];      // their weights exp2(m - M)
   float red[32];
   int flag;
+};
+
+// The cluster form's hand-off: each CTA's partial row in its own shared
+// memory, read by the cluster's CTAs through distributed shared memory.
+struct DecClusterShared {
+  float4 po[kDecodeMaxGroup * 32];  // O (unnormalised), float4 idx = head * 32 + dims / 4
+  float2 ml[kDecodeMaxGroup];       // (m, l) per head, m in log2 units
+  float amax;                       // max |y| over the slice of the row this CTA writes
 };
 
 __host__ __device__ constexpr int dec_ceil_sqrt(int n) {
@@ -473,7 +487,96 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
   }
 }
 
-template <int S>
+// The cluster form's merge (n_act > 1): the n_act CTAs with keys publish
+// (O, m, l) in shared memory; after a cluster barrier CTA `rank` of `CL`
+// merges the float4s [rank * span, +span) of the row from all of them
+// through distributed shared memory — the same operations in the same order
+// as dec_merge + dec_write_final, so the same bits as the workspace form with
+// one merge level — and the FP8 scale comes from the CTAs' slice maxima
+// after a second barrier. No global partials, fence or counter; the merge is
+// spread over the cluster instead of one CTA reading every partial. A third
+// barrier keeps every CTA's shared memory alive until the last remote read.
+__device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int kvh, int rank, int CL, int n_act,
+                                  const float4 (&acc)[4], DecShared& sh, DecClusterShared& cs) {
+  const int tid = threadIdx.x;
+  const int per = G * 32;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int idx = tid + kDecThreads * k;
+    if (idx < per) cs.po[idx] = acc[k];
+  }
+  if (tid < G) cs.ml[tid] = make_float2(sh.M[tid], sh.L[tid]);
+  cluster_arrive_release();
+  cluster_wait_acquire();
+  const int span = (per + CL - 1) / CL;
+  const int lo = rank * span, hi = min(per, lo + span);
+  const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(cs.po);
+  const uint32_t ml_s = (uint32_t)__cvta_generic_to_shared(cs.ml);
+  float* outp = a.out ? a.out + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD : nullptr;
+  float4 y[2];
+  float amax = 0.f;
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {  // span <= 2 * kDecThreads (CL >= 2, per <= 512)
+    const int idx = lo + tid + kDecThreads * q;
+    y[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (idx < hi) {
+      const int r = idx >> 5;
+      float mi[kDecMaxCluster], li[kDecMaxCluster];
+      float4 vi[kDecMaxCluster];
+#pragma unroll
+      for (int i = 0; i < kDecMaxCluster; ++i)
+        if (i < n_act) {
+          mi[i] = ld_dsmem_f32(ml_s + r * 8, i);
+          li[i] = ld_dsmem_f32(ml_s + r * 8 + 4, i);
+          vi[i] = ld_dsmem_f4(po_s + idx * 16, i);
+        }
+      float M = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kDecMaxCluster; ++i)
+        if (i < n_act) M = fmaxf(M, mi[i]);
+      float L = 0.f;
+      float4 a4 = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < kDecMaxCluster; ++i)
+        if (i < n_act) {
+          const float w = ex2(mi[i] - M);
+          L += li[i] * w;
+          a4.x += w * vi[i].x;
+          a4.y += w * vi[i].y;
+          a4.z += w * vi[i].z;
+          a4.w += w * vi[i].w;
+        }
+      const float f = 1.f / L;
+      y[q] = make_float4(a4.x * f, a4.y * f, a4.z * f, a4.w * f);
+      if (outp) reinterpret_cast<float4*>(outp)[idx] = y[q];
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y[q].x), fabsf(y[q].y)), fmaxf(fabsf(y[q].z), fabsf(y[q].w))));
+    }
+  }
+  if (a.out_q) amax = block_reduce(amax, sh.red, MaxOp());  // uniform over the cluster
+  if (tid == 0) cs.amax = amax;
+  cluster_arrive_release();  // every remote read of po / ml done; amax published
+  cluster_wait_acquire();
+  if (a.out_q) {
+    float am = 0.f;
+    for (int i = 0; i < CL; ++i) am = fmaxf(am, ld_dsmem_f32((uint32_t)__cvta_generic_to_shared(&cs.amax), i));
+    cluster_arrive_release();  // this CTA's reads of the others' amax done
+    const float s = fmaxf(am / kFp8Max, kMinActScale);
+    uint32_t* qr = reinterpret_cast<uint32_t*>(a.out_q + (int64_t)row * a.n_q_heads * kDecD);
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int idx = lo + tid + kDecThreads * q;
+      if (idx < hi) {
+        const float4 v = y[q];
+        qr[idx] = (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
+                  ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
+      }
+    }
+    if (rank == 0 && tid == 0) a.out_scale[row] = s;
+    cluster_wait_acquire();
+  }
+}
+
+template <int S, bool CLU>
 __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs a, DecParams p) {
   static_assert(S >= 2 && S <= 4, "pipeline depth");
   extern __shared__ __align__(1024) unsigned char dsmem[];
@@ -505,7 +608,9 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   chunk = (chunk + kDecChunkRound - 1) / kDecChunkRound * kDecChunkRound;
   chunk = max(chunk, p.min_chunk);
   const int n_act = (ctx + chunk - 1) / chunk;
-  if (split >= n_act) return;
+  // Past the keys: the cluster form's CTAs still take part in its merge (with
+  // no tiles they flow through with m = -inf, l = 0, which no one reads).
+  if (split >= n_act && (!CLU || n_act == 1)) return;
   const int k0 = split * chunk, k1 = min(ctx, k0 + chunk);
   const int n_tiles = (k1 - k0 + kDecTile - 1) / kDecTile;
   const int nt = n_tiles > warp ? (n_tiles - warp + kDecWarps - 1) / kDecWarps : 0;  // this warp's tiles
@@ -724,6 +829,11 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     dec_write_final(a, G, row, kvh, acc, sh);
     return;
   }
+  if constexpr (CLU) {
+    __shared__ DecClusterShared cs;
+    dec_cluster_final(a, G, row, kvh, split, a.max_splits, n_act, acc, sh, cs);
+    return;
+  }
 
   // ---- several splits: publish the partial, the last CTA merges.
   const int64_t pair = (int64_t)seq * a.n_kv_heads + kvh;
@@ -796,7 +906,7 @@ DecWsLayout dec_ws_layout(int n_seqs, int G, int n_kv, int max_splits) {
 }
 
 // cudaFuncSetAttribute once per device and kernel instantiation.
-template <int S>
+template <int S, bool CLU>
 cudaError_t dec_prepare(int smem) {
   static std::atomic<unsigned long long> done{0};
   int dev = 0;
@@ -804,24 +914,99 @@ cudaError_t dec_prepare(int smem) {
   if (e != cudaSuccess) return e;
   const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  e = cudaFuncSetAttribute(decode_attn_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(decode_attn_kernel<S>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU>, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
+  if (CLU) {
+    e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    if (e != cudaSuccess) return e;
+  }
   done.fetch_or(bit, std::memory_order_relaxed);
   return cudaSuccess;
 }
 
-template <int S>
-cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, cudaStream_t st) {
+int dec_smem(const DecodeAttnArgs& a, const DeviceInfo& dd, int S) {
   int smem = kDecWarps * S * kDecStageBytes;
   // Padded, two CTAs need more than the SM has (static shared memory and the
   // per-CTA reservation only add to that).
   if (a.one_per_sm) smem = std::max(smem, dd.smem_per_sm / 2 + 1024);
-  cudaError_t e = dec_prepare<S>(std::max(smem, kDecWarps * 4 * kDecStageBytes));
-  const dim3 grid(a.max_splits, a.n_kv_heads, a.n_seqs);
-  return launch_kernel(a.pdl != 0, decode_attn_kernel<S>, grid, dim3(kDecThreads), smem, st, a, p);
+  return smem;
+}
+
+cudaLaunchConfig_t dec_config(const DecodeAttnArgs& a, int smem, int cluster, cudaLaunchAttribute (&attr)[2],
+                              cudaStream_t st) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(a.max_splits, a.n_kv_heads, a.n_seqs);
+  cfg.blockDim = dim3(kDecThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  int n = 0;
+  if (a.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster;
+    attr[n].val.clusterDim.y = 1;
+    attr[n++].val.clusterDim.z = 1;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  return cfg;
+}
+
+// Clusters of max_splits CTAs (2, 4, 8 or 16) of the S-stage cluster kernel
+// that the device holds at once (cudaOccupancyMaxActiveClusters: registers,
+// shared memory, GPC sizes); 0 where none launches. Asked once per device,
+// depth, size and shared memory padding.
+template <int S>
+int dec_cluster_capacity(const DecodeAttnArgs& a, const DeviceInfo& dd, int dev) {
+  const int cl = a.max_splits;
+  const int ci = cl == 2 ? 0 : cl == 4 ? 1 : cl == 8 ? 2 : cl == 16 ? 3 : -1;
+  if (ci < 0 || dd.major < 9 || dev < 0 || dev >= 64) return 0;
+  static std::atomic<int> cache[64][4][2];  // capacity + 1; 0: not asked yet
+  std::atomic<int>& c = cache[dev][ci][a.one_per_sm ? 1 : 0];
+  int v = c.load(std::memory_order_relaxed);
+  if (v > 0) return v - 1;
+  const int smem = dec_smem(a, dd, S);
+  int n = 0;
+  if (dec_prepare<S, true>(std::max(smem, kDecWarps * 4 * kDecStageBytes)) == cudaSuccess) {
+    DecodeAttnArgs one = a;
+    one.n_seqs = 1;
+    one.n_kv_heads = 1;
+    one.pdl = 0;
+    cudaLaunchAttribute attr[2];
+    const cudaLaunchConfig_t cfg = dec_config(one, smem, cl, attr, nullptr);
+    if (cudaOccupancyMaxActiveClusters(&n, decode_attn_kernel<S, true>, &cfg) != cudaSuccess) n = 0;
+  }
+  (void)cudaGetLastError();  // a failed query means "no cluster"
+  c.store(n + 1, std::memory_order_relaxed);
+  return n;
+}
+
+template <int S, bool CLU>
+cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, cudaStream_t st) {
+  const int smem = dec_smem(a, dd, S);
+  cudaError_t e = dec_prepare<S, CLU>(std::max(smem, kDecWarps * 4 * kDecStageBytes));
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = dec_config(a, smem, CLU ? a.max_splits : 1, attr, st);
+  e = cudaLaunchKernelEx(&cfg, decode_attn_kernel<S, CLU>, a, p);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+template <int S>
+cudaError_t dec_dispatch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, int dev,
+                         int mode, cudaStream_t st) {
+  if (mode != 1 && a.max_splits > 1) {
+    const int cap = dec_cluster_capacity<S>(a, dd, dev);
+    const int64_t pairs = (int64_t)a.n_seqs * a.n_kv_heads;
+    if (cap > 0 && (mode == 2 || cap >= pairs)) return dec_launch<S, true>(a, p, dd, st);
+  }
+  return dec_launch<S, false>(a, p, dd, st);
 }
 
 }  // namespace
@@ -887,19 +1072,37 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
   int stages = tu.stages;
   if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;
   switch (stages) {
-    case 2: return dec_launch<2>(a, p, dd, st);
-    case 4: return dec_launch<4>(a, p, dd, st);
-    default: return dec_launch<3>(a, p, dd, st);
+    case 2: return dec_dispatch<2>(a, p, dd, dev, tu.cluster, st);
+    case 4: return dec_dispatch<4>(a, p, dd, dev, tu.cluster, st);
+    default: return dec_dispatch<3>(a, p, dd, dev, tu.cluster, st);
   }
 }
 
 // Test / bench hook (not in kernels.h; attn_check declares it): the launch
 // knobs of attention_decode. Not thread-safe; the runtime never calls it.
 struct DecodeAttnTuning {
-  int stages, min_chunk, direct_max, ctas_per_sm;
+  int stages, min_chunk, direct_max, ctas_per_sm, cluster;
 };
 void decode_attention_get_tuning(DecodeAttnTuning* t) {
-  *t = {g_dec_tuning.stages, g_dec_tuning.min_chunk, g_dec_tuning.direct_max, g_dec_tuning.ctas_per_sm};
+  *t = {g_dec_tuning.stages, g_dec_tuning.min_chunk, g_dec_tuning.direct_max, g_dec_tuning.ctas_per_sm,
+        g_dec_tuning.cluster};
+}
+// The clusters of the launch's max_splits CTAs the device holds at once, for
+// the stage count attention_decode would pick (0: the cluster form does not
+// launch there).
+int decode_attention_cluster_capacity(const DecodeAttnArgs& args) {
+  DecodeAttnArgs a = args;
+  a.max_splits = dec_eff_splits(a.n_seqs, a.n_kv_heads, a.max_splits);
+  DeviceInfo dd;
+  int dev = 0;
+  if (device_info(dev, dd) != cudaSuccess) return 0;
+  int stages = g_dec_tuning.stages;
+  if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;
+  switch (stages) {
+    case 2: return dec_cluster_capacity<2>(a, dd, dev);
+    case 4: return dec_cluster_capacity<4>(a, dd, dev);
+    default: return dec_cluster_capacity<3>(a, dd, dev);
+  }
 }
 // Bytes at the start of every attention_decode workspace that hold the merge
 // counters (the same for every shape); all zero between launches.
@@ -913,6 +1116,7 @@ void decode_attention_set_tuning(const DecodeAttnTuning* t) {
   g_dec_tuning.min_chunk = t->min_chunk;
   g_dec_tuning.direct_max = t->direct_max;
   g_dec_tuning.ctas_per_sm = t->ctas_per_sm;
+  g_dec_tuning.cluster = t->cluster;
 }
 
 

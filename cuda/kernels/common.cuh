@@ -319,6 +319,49 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Cluster barrier halves (every thread of every CTA of the cluster arrives,
+// then waits). Not the .aligned forms: the SASS is the same (cooperative
+// groups' cluster.sync() emits these), and nothing then depends on the
+// compiler reconverging a warp first. On sm_90 the release is a
+// MEMBAR.ALL.GPU and the acquire an L1 invalidation (cuobjdump), cheaper than
+// the last-CTA form's fence + atomic + L2 round trip but not free.
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait_acquire() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+// 4 bytes of CTA `rank`'s shared memory at the offset of local shared address
+// `addr` (volatile: not moved across the cluster barriers).
+__device__ __forceinline__ float ld_dsmem_f32(uint32_t addr, int rank) {
+  float v = 0.f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+#endif
+  return v;
+}
+
+// 16 bytes of CTA `rank`'s shared memory at the offset of local shared
+// address `addr` (as ld_dsmem_f32).
+__device__ __forceinline__ float4 ld_dsmem_f4(uint32_t addr, int rank) {
+  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(remote)
+               : "memory");
+#endif
+  return v;
+}
+
 // Limits of the current device, asked once per device (launch functions run
 // for every layer of every eager step; concurrent first calls store the same
 // values). One cache for the library: an inline function's statics are shared

@@ -461,34 +461,6 @@ constexpr int kRfClusterMaxT = 2;      // tokens up to which router_fused picks 
 constexpr int kRfPartLd = 8 * kRfRN;   // floats per token row of s_part (WN <= 8)
 static_assert(kRfMaxClusterCtas <= kRfMaxKs, "a cluster's K splits fit the plan's bound");
 
-// Cluster barrier halves (every thread of every CTA of the cluster arrives,
-// then waits). Not the .aligned forms: the SASS is the same (cooperative
-// groups' cluster.sync() emits these), and nothing then depends on the
-// compiler reconverging a warp first. On sm_90 the release is a
-// MEMBAR.ALL.GPU and the acquire an L1 invalidation (cuobjdump), cheaper than
-// the last-CTA form's fence + atomic + L2 round trip but not free.
-__device__ __forceinline__ void cluster_arrive_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait_acquire() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#endif
-}
-// 4 bytes of CTA `rank`'s shared memory at the offset of local shared address
-// `addr` (volatile: not moved across the cluster barriers).
-__device__ __forceinline__ float ld_dsmem_f32(uint32_t addr, int rank) {
-  float v = 0.f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-#endif
-  return v;
-}
-
 // The leader's sums: items = tn * E logits, item it = m * E + e from rank
 // e / epc + n_et * ks, slot [m][e % epc] of its s_part (epc = WN * 4 experts
 // per CTA), summed over ks in order from 0.f exactly as rf_sum_partials sums

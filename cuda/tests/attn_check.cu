@@ -35,10 +35,13 @@
 namespace glmk {
 // Test hook defined in attention.cu (not part of kernels.h).
 struct DecodeAttnTuning {
-  int stages, min_chunk, direct_max, ctas_per_sm;
+  int stages, min_chunk, direct_max, ctas_per_sm, cluster;
 };
 void decode_attention_get_tuning(DecodeAttnTuning* t);
 void decode_attention_set_tuning(const DecodeAttnTuning* t);
+// Clusters of the launch's max_splits CTAs the device holds at once for the
+// stage count the launch would pick (0: the cluster form does not launch).
+int decode_attention_cluster_capacity(const DecodeAttnArgs& a);
 // Bytes at the start of every workspace holding the merge counters (zero between launches).
 size_t decode_attention_counter_bytes();
 }  // namespace glmk
@@ -339,6 +342,40 @@ static void run_case(const CaseCfg& c) {
     same &= same_bits(os1.data(), D.out_scale.down().data(), os1.size() * 4);
   }
   report("  deterministic", what, same ? 0 : 1, 0);
+  // The two merge forms, workspace and cluster (2, 4, 8 or 16 splits): the
+  // same bits. On sm_90 the cluster form must launch.
+  const int eff = P.n * P.n_kv > 1024 ? 1 : splits;  // (more pairs than the counters: unsplit)
+  if (eff == 2 || eff == 4 || eff == 8 || eff == 16) {
+    if (decode_attention_cluster_capacity(D.args(P, splits, c.fp8, true, ws)) <= 0) {
+      report("  cluster form", what + ": does not launch", 1, 0);
+    } else {
+      DecodeAttnTuning cur;
+      decode_attention_get_tuning(&cur);
+      std::vector<float> o[2], sc[2];
+      std::vector<uint8_t> q[2];
+      for (int m = 0; m < 2; ++m) {
+        DecodeAttnTuning t = cur;
+        t.cluster = m + 1;  // 1: workspace, 2: cluster
+        decode_attention_set_tuning(&t);
+        D.poison();
+        CK(attention_decode(D.args(P, splits, c.fp8, true, ws), 0));
+        CK(cudaDeviceSynchronize());
+        dirty.push_back(dirty_counters(g_ws, g_ws_bytes));
+        o[m] = D.out.down();
+        if (c.fp8) {
+          q[m] = D.out_q.down();
+          sc[m] = D.out_scale.down();
+        }
+      }
+      decode_attention_set_tuning(&cur);
+      bool eq = same_bits(o[0].data(), o[1].data(), o[0].size() * 4) &&
+                same_bits(o[0].data(), out1.data(), o[0].size() * 4);
+      if (c.fp8)
+        eq = eq && same_bits(q[0].data(), q[1].data(), q[0].size()) &&
+             same_bits(sc[0].data(), sc[1].data(), sc[0].size() * 4);
+      report("  cluster = workspace", what, eq ? 0 : 1, 0);
+    }
+  }
   if (c.fp8) {
     // FP8 only (out == nullptr): the same codes and scales, out untouched.
     D.poison();
@@ -828,7 +865,10 @@ static void bench(const char* json) {
   printf("\nattention_decode bench: G=12, 1 KV head, head_dim 128, BF16 KV, block 16, FP32 out + FP8 out;\n"
          "20 launches per CUDA graph, median of replays; KV bytes = batch*ctx*2*128*2; peak %.2f TB/s\n",
          kPeakTBs);
-  printf("%-12s %9s %9s %7s %7s %6s %9s\n", "shape", "us", "KV_MB", "TB/s", "%peak", "splits", "old_us");
+  printf("ws_us: the workspace merge forced; cl_us: the cluster merge forced, with the splits shown (16 where\n"
+         "the policy asks more)\n");
+  printf("%-12s %9s %9s %7s %7s %6s %9s %9s %9s\n", "shape", "us", "KV_MB", "TB/s", "%peak", "splits", "ws_us",
+         "cl_us(sp)", "old_us");
   const std::vector<std::pair<int, int>> old_shapes = {{1, 2048}, {16, 8192}, {64, 2048},
                                                        {64, 8192}, {256, 2048}, {256, 8192}};
   std::vector<BenchResult> res;
@@ -844,10 +884,27 @@ static void bench(const char* json) {
     r.us = time_decode(S, splits, ws.p, 30);
     r.mb = bytes / 1e6;
     r.tbs = bytes / (r.us * 1e-6) / 1e12;
+    // The two merge forms forced (the cluster one with at most 16 splits).
+    DecodeAttnTuning cur;
+    decode_attention_get_tuning(&cur);
+    DecodeAttnTuning t = cur;
+    t.cluster = 1;
+    decode_attention_set_tuning(&t);
+    const double ws_us = splits > 1 ? time_decode(S, splits, ws.p, 30) : 0;
+    const int csp = splits > 16 ? 16 : (splits & (splits - 1)) == 0 ? splits : 0;
+    double cl_us = 0;
+    if (csp > 1) {
+      t.cluster = 2;
+      decode_attention_set_tuning(&t);
+      Dev<uint8_t> ws16(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, csp)));
+      CK(cudaMemset(ws16.p, 0, ws16.n));
+      cl_us = time_decode(S, csp, ws16.p, 30);
+    }
+    decode_attention_set_tuning(&cur);
     for (auto& o : old_shapes)
       if (o.first == B && o.second == C) r.old_us = time_old(S, 20);
-    printf("%-12s %9.2f %9.1f %7.3f %6.1f%% %6d", r.shape.c_str(), r.us, r.mb, r.tbs, 100 * r.tbs / kPeakTBs,
-           r.splits);
+    printf("%-12s %9.2f %9.1f %7.3f %6.1f%% %6d %9.2f %6.2f(%2d)", r.shape.c_str(), r.us, r.mb, r.tbs,
+           100 * r.tbs / kPeakTBs, r.splits, ws_us, cl_us, csp);
     if (r.old_us > 0) printf(" %9.2f", r.old_us);
     printf("\n");
     fflush(stdout);
@@ -893,7 +950,7 @@ static void sweep() {
         for (int mc : {64, 128, 256})
           for (int dm : {8, 16, 32}) {
             if (B >= 64 && (mc != def.min_chunk || dm != def.direct_max)) continue;  // no effect there
-            DecodeAttnTuning t{st, mc, dm, cps};
+            DecodeAttnTuning t{st, mc, dm, cps, def.cluster};
             decode_attention_set_tuning(&t);
             const int splits = decode_attention_splits(B, 1, g_num_sms);
             Dev<uint8_t> ws(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, splits)));
@@ -967,6 +1024,11 @@ int main(int argc, char** argv) {
       run_case({"257 mixed", c257, 12, 1, 16, 0, true});
       run_case({"257 mixed", c257, 12, 1, 16, 2, true});
     }
+    // Cluster-sized splits (16, 4) over mixed contexts: sequences with fewer
+    // active splits than the cluster, one split, and none (padding).
+    run_case({"16 splits mixed", mixed(6, all, 1), 12, 1, 16, 16, true});
+    run_case({"16 splits mixed", {16384, 2049, 17, 0, 128, 129}, 12, 1, 16, 16, true});
+    run_case({"4 splits mixed", mixed(40, all, 3), 12, 1, 16, 4, true});
     run_case({"G=1, 2 KV heads", {16384, 1, 100}, 1, 2, 16, 64, false});
     run_case({"G=16, 2 KV heads", mixed(16, all, 1), 16, 2, 16, 64, false});
     run_case({"G=16, 2 KV heads", mixed(16, all, 1), 16, 2, 32, 0, false});
