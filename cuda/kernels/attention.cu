@@ -1003,17 +1003,23 @@ cudaError_t dec_dispatch(const DecodeAttnArgs& a, const DecParams& p, const Devi
                          int mode, cudaStream_t st) {
   if (mode != 1 && a.max_splits > 1) {
     const int64_t pairs = (int64_t)a.n_seqs * a.n_kv_heads;
-    // Small batches (the policy asks more than 16 splits; 2-8 pairs on 132
+    // Small batches (the policy asks 16 or more splits; 2-8 pairs on 132
     // SMs): a cluster of 16 splits per pair. attn_check --bench on an H200
     // (2026-11-28, batch 4, us, 33 splits merged by the last CTA -> 16 in a
     // cluster): 2k 11.44 -> 9.78, 4k 15.24 -> 11.52, 8k 18.00 -> 14.38, 16k
     // 21.76 -> 20.80, but 32k 31.48 -> 33.61, where 64 SMs stream too slowly.
     // Not at batch 1 (the step runs attn_layer_t1 there), whose 128 splits
     // stay ahead from 16k keys (19.9 against 32.3 us at 32k).
-    if (mode == 0 && a.max_splits > kDecMaxCluster && pairs >= 2) {
+    // Where 2-8 clusters of 16 do not fit at once (6 and 8 sequences on an
+    // H200), clusters of 8: decode step batch 6 8.65 -> 8.23 ms, 8 9.51 ->
+    // 8.99 (the policy's 16 or 22 splits merged by the last CTA before).
+    // (Clusters of 8 from the policy's 8-14 splits, batches 10-16: unchanged.)
+    if (mode == 0 && a.max_splits >= kDecMaxCluster && pairs >= 2) {
       DecodeAttnArgs c = a;
-      c.max_splits = kDecMaxCluster;
-      if (dec_cluster_capacity<S>(c, dd, dev) >= pairs) return dec_launch<S, true>(c, p, dd, st);
+      for (int cl = kDecMaxCluster; cl >= 8; cl /= 2) {
+        c.max_splits = cl;
+        if (dec_cluster_capacity<S>(c, dd, dev) >= pairs) return dec_launch<S, true>(c, p, dd, st);
+      }
     }
     const int cap = dec_cluster_capacity<S>(a, dd, dev);
     if (cap > 0 && (mode == 2 || cap >= pairs)) return dec_launch<S, true>(a, p, dd, st);
