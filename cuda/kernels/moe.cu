@@ -571,9 +571,11 @@ int rf_num_sms() {
 // max_tile_ctas > 0: at most that many CTAs per token tile (n_et * n_ks), the
 // cluster form's bound (n_et <= max_tile_ctas, the caller's to check); 0: no
 // such bound (the last-CTA form).
-RfShape rf_plan(int T, int E, int H, int num_sms, int max_tile_ctas) {
+// rm > 0: that many tokens per tile (a power of two <= kRfMaxRM) instead of
+// rf_rm(T).
+RfShape rf_plan(int T, int E, int H, int num_sms, int max_tile_ctas, int rm = 0) {
   RfShape s;
-  s.RM = rf_rm(T);
+  s.RM = rm > 0 ? rm : rf_rm(T);
   const int et4 = (E + kRfRN - 1) / kRfRN;
   s.WN = et4 < 8 ? et4 : 8;
   s.WK = 8 / s.WN;
@@ -695,25 +697,54 @@ int rf_cluster_limit(const RfKernels& k) {
 }
 
 struct RfLaunch {
+  RfKernels k;            // the instantiation for sh.RM
   RfShape sh;
   int cluster = 0;        // CTAs per cluster (n_et * n_ks); 0: the last-CTA form
   bool fallback = false;  // a refused cluster launch runs the last-CTA form on the same plan
 };
+
+// Tokens up to which the automatic choice runs every token in one cluster
+// (one token tile of 4 rows): the leader routes and sorts them itself, so no
+// hand-off goes through global memory. Decode step on an H200 (rank share,
+// 2k context, A/B, ms): batch 4 6.98 -> 6.87; up to 8 tokens (8-row tiles, 8
+// K splits a cluster) batch 8 went 9.04 -> 9.31, so not past 4.
+constexpr int kRfOneTileMaxT = 4;
 
 // The form and plan of a call. The cluster form's plan caps the K splits at
 // limit / n_et (E = 20: n_et = 1, up to 16 splits; E = 160: n_et = 5, up to 3);
 // where that cap binds, the logits are summed in other K chunks than the
 // last-CTA form's own plan would use (ids may then differ from it at a near
 // tie), but never between the cluster form and its fallback.
-cudaError_t rf_choose(int T, int E, int H, const RfKernels& k, RfLaunch* out) {
+cudaError_t rf_choose(int T, int E, int H, RfLaunch* out) {
   const RfTuning tu = g_rf_tuning;
   const int sms = rf_num_sms();
+  const int epl = router_epl(E);
+  // 3-4 tokens of one expert tile: one token tile of 4 rows in one cluster
+  // (rf_rm's 2-row tiles need the global hand-off before the sort).
+  // (Also under the tuning hook's cluster-only and last-CTA-on-the-cluster-plan
+  // paths, so that small_check compares the two forms on this plan too.)
+  if (tu.path != kRfLastCta && T > kRfClusterMaxT && T <= kRfOneTileMaxT) {
+    const int rm = 4;
+    RfLaunch l;
+    l.k = rf_kernels(rm, epl);
+    int limit = rf_cluster_limit(l.k);
+    if (tu.max_cluster > 0 && limit > tu.max_cluster) limit = tu.max_cluster;
+    l.sh = rf_plan(T, E, H, sms, limit, rm);
+    if (limit > 0 && l.sh.n_et == 1 && l.sh.n_tt == 1) {
+      l.cluster = tu.path == kRfLastCtaClusterPlan ? 0 : l.sh.n_et * l.sh.n_ks;
+      l.fallback = tu.path == kRfAuto;
+      *out = l;
+      return cudaSuccess;
+    }
+  }
+  const RfKernels k = rf_kernels(rf_rm(T), epl);
   int limit = 0;
   if (tu.path != kRfLastCta) {
     limit = rf_cluster_limit(k);
     if (tu.max_cluster > 0 && limit > tu.max_cluster) limit = tu.max_cluster;
   }
   RfLaunch l;
+  l.k = k;
   l.sh = rf_plan(T, E, H, sms, 0);
   const bool can = limit > 0 && l.sh.n_et <= limit;  // the cap changes n_ks only
   // Where the cluster form is the faster. In isolation (small_check
@@ -784,7 +815,7 @@ cudaError_t router_topk(const RouterArgs& a, cudaStream_t st) {
 // 21.6 at T=256; E=160: 9.5 vs 11.1 at T=1, 18.7 vs 23.6 at T=64, 40.4 vs 32.0
 // at T=256 (the FP32 FMA loop re-reads the larger router per token tile).
 // Those numbers are the last-CTA form's; the cluster form, where it runs
-// (E <= 32, T <= 2: rf_choose), is ~1 us faster.
+// (E <= 32, T <= 4: rf_choose), is ~1 us faster.
 bool router_fused_supported(int T, int E, int H) {
   const int max_t = E <= 32 ? 256 : 128;
   return T >= 1 && T <= max_t && T <= kRouterFusedMaxT && E >= 1 && E <= 32 * kMaxExpertsPerLane &&
@@ -811,10 +842,10 @@ cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st) {
       a.n_groups <= 0 || a.n_groups > kMaxGroups || !a.offsets || !a.sorted_rows || !a.inv ||
       !a.workspace || (uintptr_t)a.workspace % 16)
     return cudaErrorInvalidValue;
-  const RfKernels k = rf_kernels(rf_rm(r.T), router_epl(r.E));
   RfLaunch l;
-  const cudaError_t ce = rf_choose(r.T, r.E, a.H, k, &l);
+  const cudaError_t ce = rf_choose(r.T, r.E, a.H, &l);
   if (ce != cudaSuccess) return ce;
+  const RfKernels& k = l.k;
   const RfShape& sh = l.sh;
   if (sh.n_tt > kRfMaxTiles) return cudaErrorInvalidValue;  // T > ~8000: not a decode batch
   if ((int64_t)sh.n_ks * r.T > rf_partial_rows(r.T)) return cudaErrorInvalidValue;  // cannot happen
@@ -1021,7 +1052,7 @@ struct RouterFusedPlan {
 cudaError_t router_fused_plan(int T, int E, int H, RouterFusedPlan* p) {
   if (T < 1 || E < 1 || E > 32 * kMaxExpertsPerLane || H < 4) return cudaErrorInvalidValue;
   RfLaunch l;
-  const cudaError_t e = rf_choose(T, E, H, rf_kernels(rf_rm(T), router_epl(E)), &l);
+  const cudaError_t e = rf_choose(T, E, H, &l);
   if (e != cudaSuccess) return e;
   *p = {l.cluster, l.sh.n_tt, l.sh.n_et, l.sh.n_ks, l.sh.kw, l.sh.n_tt * l.sh.n_et * l.sh.n_ks};
   return cudaSuccess;

@@ -1138,7 +1138,7 @@ static void check_router_fused(cublasHandle_t cb) {
     c.T = 5;
     cases.push_back(c);
   }
-  for (int T : {1, 2, 16, 64}) {
+  for (int T : {1, 2, 4, 16, 64}) {
     RouterCase c{T, 20, 5120, 8, 1, 1};
     c.n_local = 20;
     c.shared_local = 20;
@@ -1182,20 +1182,21 @@ static void check_router_fused(cublasHandle_t cb) {
     cases.push_back(c);
   }
   // router_fused's default on sm_90 is the cluster form where it is the faster
-  // (E <= 32, T <= 2), the last-CTA form elsewhere: these checks cover both
-  // (and check_router_fused_forms the cluster form at every T).
+  // (E <= 32, T <= 4: up to 4 tokens in one token tile), the last-CTA form
+  // elsewhere: these checks cover both (and check_router_fused_forms the
+  // cluster form at every T).
   int cc_major = 0, n_wrong = 0, n_cluster = 0;
   CK(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, 0));
   for (const RouterCase& c : cases) {
     RouterFusedPlan plan;
     CK(router_fused_plan(c.T, c.E, c.H, &plan));
-    const bool want = c.E <= 32 && c.T <= 2;
+    const bool want = c.E <= 32 && c.T <= 4;
     n_wrong += (plan.cluster > 0) != want;
     n_cluster += plan.cluster > 0;
   }
   if (cc_major >= 9)
     report_exact("router_fused default form",
-                 fmt("%zu cases, %d on the cluster form: %d not where E <= 32, T <= 2 (sm_%d0)", cases.size(),
+                 fmt("%zu cases, %d on the cluster form: %d not where E <= 32, T <= 4 (sm_%d0)", cases.size(),
                      n_cluster, n_wrong, cc_major),
                  n_wrong);
   for (const RouterCase& c : cases) {
