@@ -748,6 +748,22 @@ int shared_group_token_tile(const Engine& e, const Meta& m) {
   return p <= 16 ? 16 : p <= 32 ? 32 : 64;
 }
 
+// The down projection's token tile when the shared expert's group is one of
+// the tensor-core streaming GEMMs' groups: from 33 to 64 rows 16 (the
+// shared rows then span four tiles, its 7.9 MB of weights read once per tile,
+// the later reads mostly from L2), not gate|up's 64: 64-row tiles held every
+// routed expert's 2-6 rows in a 64-wide tile too, and the down projection
+// (K 1,536: 12 stages a unit) ran at 64% of HBM. H200, stream_tc_check
+// --experts (2026-11-28, 64 tokens + shared, us): 55.2 with 64-row tiles,
+// 51.6 with 32, 50.0 with 16; decode step (rank share, 2k context, A/B, ms):
+// batch 48 18.3 -> 18.05, 64 19.0 -> 18.7, 16-32 unchanged; past 64 rows
+// (two 64-row shared tiles) 16-row tiles made batch 128 21.2 -> 21.4, so
+// gate|up's tile stays there.
+int shared_group_down_token_tile(const Engine& e, const Meta& m) {
+  const int t = shared_group_token_tile(e, m);
+  return t == 64 && m.policy_rows <= 64 ? 16 : t;
+}
+
 // The input norm of layer l: h += delta (the previous sub-layer's output,
 // none before layer 0 and before the MTP layer L, whose residual stream starts
 // from eh_proj's output), x = RMSNorm(h) quantized to FP8 (FP32 when exact).
@@ -1252,7 +1268,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     glmk::StreamGemmArgs dt = dn;
     dt.M = T * d.slots;
     dt.typical_rows_per_group = typical;
-    KCHECK(glmk::gemm_fp8_stream_tc(dt, glmk::StreamTcWorkspace{}, stc, r.stream),
+    glmk::StreamTcTuning dtc = stc;
+    dtc.token_tile = shared_group_down_token_tile(e, m);
+    KCHECK(glmk::gemm_fp8_stream_tc(dt, glmk::StreamTcWorkspace{}, dtc, r.stream),
            "layer %d: expert down (tensor-core stream)", l);
   } else if (grouped_tc && y16) {
     KCHECK(glmk::gemm_fp8_grouped_tc_bf16(dn, y16, gtc, r.stream), "layer %d: expert down (BF16 rows)", l);

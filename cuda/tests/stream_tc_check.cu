@@ -2,6 +2,7 @@
 // the tensor-core weight-streaming FP8 GEMM for decode-sized batches.
 //
 //   stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts]
+//                   [--experts-profile]
 //
 // Correctness (sm_90 only; elsewhere every launch must return
 // cudaErrorNotSupported): random FP8 inputs (any finite E4M3 code), a float64
@@ -32,7 +33,9 @@
 // never holds them; % = weight bytes read / time / 4.46 TB/s.
 // --lt-sweep: cuBLASLt's candidates for the dense decode linears (lt_sweep).
 // --experts: the routed experts with and without the shared expert's group
-// (bench_experts), nothing else.
+// (bench_experts; with it also in 16- and 32-row token tiles), nothing else;
+// --experts-profile: only their 64 + shared form, three eager launches of
+// each GEMM (for ncu), no timing.
 #include <numeric>
 
 #include "kernels.h"
@@ -563,7 +566,7 @@ static double hbm_peak() {
   return strstr(prop.name, "H200") ? 4.46e12 : 3.11e12;
 }
 
-static void bench_experts() {
+static void bench_experts(bool profile = false) {
   const double kHbm = hbm_peak();
   const int H = 5120, I = 1536, E = 20, MMAX = 512;
   Dev<uint8_t> X((size_t)MMAX * H);
@@ -587,6 +590,7 @@ static void bench_experts() {
     for (int T : {16, 64, 128, 256}) {
       for (int shared = 0; shared < 2; ++shared) {
         if (shared && T > 64) continue;
+        if (profile && !(T == 64 && shared)) continue;
         const int G = E + shared;
         const RoutedRows rt = route_rows(T, E, shared != 0);
         const int hit = rt.hit;
@@ -596,19 +600,37 @@ static void bench_experts() {
         a.max_rows_per_group = T;
         a.max_active_groups = std::min(E, T) + shared;
         a.typical_rows_per_group = (T + E - 1) / E;
-        StreamTcTuning tu;
-        if (shared) tu.token_tile = T <= 16 ? 16 : T <= 32 ? 32 : 64;
-        const float us = graph_us([&](int i, cudaStream_t s) {
-          const int cp = i % copies;
-          StreamGemmArgs b = a;
-          b.W = W.p + (size_t)cp * wb;
-          b.w_scale = wsc.p + (size_t)cp * (E + 1) * sh.N;
-          CK(gemm_fp8_stream_tc(b, wsp.view(), tu, s));
-        });
-        const double gb = (double)hit * sh.N * sh.K;
-        printf("%-13s T %4d %-3s hit %2d | %8.2f us %4.0f%%\n", sh.name, T, shared ? "+sh" : "", hit, us,
-               100 * gb / (us * 1e-6) / kHbm);
-        fflush(stdout);
+        // With the shared group: its tile (all its rows), and narrower token
+        // tiles too (the shared rows then span several tiles, its weights
+        // read once per tile, mostly from L2).
+        const int tile0 = shared ? (T <= 16 ? 16 : T <= 32 ? 32 : 64) : 0;
+        for (int nt : {tile0, 16, 32}) {
+          if (nt != tile0 && (!shared || nt >= tile0 || profile)) continue;
+          StreamTcTuning tu;
+          tu.token_tile = nt;
+          if (profile) {  // --experts-profile: three eager launches for a profiler, no timing
+            for (int i = 0; i < 3; ++i) {
+              StreamGemmArgs b = a;
+              b.W = W.p + (size_t)(i % copies) * wb;
+              b.w_scale = wsc.p + (size_t)(i % copies) * (E + 1) * sh.N;
+              CK(gemm_fp8_stream_tc(b, wsp.view(), tu, 0));
+            }
+            CK(cudaDeviceSynchronize());
+            printf("%-13s T %4d %-3s hit %2d: 3 launches\n", sh.name, T, shared ? "+sh" : "", hit);
+            continue;
+          }
+          const float us = graph_us([&](int i, cudaStream_t s) {
+            const int cp = i % copies;
+            StreamGemmArgs b = a;
+            b.W = W.p + (size_t)cp * wb;
+            b.w_scale = wsc.p + (size_t)cp * (E + 1) * sh.N;
+            CK(gemm_fp8_stream_tc(b, wsp.view(), tu, s));
+          });
+          const double gb = (double)hit * sh.N * sh.K;
+          printf("%-13s T %4d %-3s hit %2d | %8.2f us %4.0f%%%s\n", sh.name, T, shared ? "+sh" : "", hit, us,
+                 100 * gb / (us * 1e-6) / kHbm, nt != tile0 ? fmt(" (token tile %d)", nt).c_str() : "");
+          fflush(stdout);
+        }
       }
     }
   }
@@ -684,9 +706,12 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--experts")) {
       bench_experts();
       return 0;
+    } else if (!strcmp(argv[i], "--experts-profile")) {
+      bench_experts(true);
+      return 0;
     }
     else {
-      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts]\n");
+      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts] [--experts-profile]\n");
       return 2;
     }
   }
