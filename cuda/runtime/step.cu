@@ -748,19 +748,22 @@ int shared_group_token_tile(const Engine& e, const Meta& m) {
   return p <= 16 ? 16 : p <= 32 ? 32 : 64;
 }
 
-// The down projection's token tile when the shared expert's group is one of
-// the tensor-core streaming GEMMs' groups: from 33 to 64 rows 16 (the
-// shared rows then span four tiles, its 7.9 MB of weights read once per tile,
-// the later reads mostly from L2), not gate|up's 64: 64-row tiles held every
-// routed expert's 2-6 rows in a 64-wide tile too, and the down projection
-// (K 1,536: 12 stages a unit) ran at 64% of HBM. H200, stream_tc_check
-// --experts (2026-11-28, 64 tokens + shared, us): 55.2 with 64-row tiles,
-// 51.6 with 32, 50.0 with 16; decode step (rank share, 2k context, A/B, ms):
-// batch 48 18.3 -> 18.05, 64 19.0 -> 18.7, 16-32 unchanged; past 64 rows
-// (two 64-row shared tiles) 16-row tiles made batch 128 21.2 -> 21.4, so
-// gate|up's tile stays there.
-int shared_group_down_token_tile(const Engine& e, const Meta& m) {
+// The down projection's token tile on the tensor-core streaming path. Narrower
+// than gate|up's: down's units are short (K 1,536: 12 stages), and a wide
+// tile over a routed expert's few rows cost it more than re-reading weights
+// from L2 saves. H200, stream_tc_check --experts (2026-11-28, us, tiles 64 /
+// 32 / 16): 64 tokens + the shared group 54.6 / 51.8 / 49.0 (16: the shared
+// rows span four tiles, its 7.9 MB read once per tile, the later reads mostly
+// from L2); 256 tokens (no shared group) 55.7 / 52.1 (the kernel's own
+// choice) / 50.2; but 128 + shared 55.4 (64) / 58.5 / 59.4. Decode step
+// (rank share, 2k context, A/B, three alternations, ms): batch 40 17.57 ->
+// 17.47, 48 18.23 -> 18.07, 56 18.6 -> 18.4, 64 18.93 -> 18.77; 176 24.13 ->
+// 23.83, 192 24.47 -> 24.27, 224 25.47 -> 25.3, 256 26.13 -> 26.07; 16-32
+// rows unchanged, so gate|up's tile stays there and at 65-128 rows (16-row
+// tiles made batch 128 21.2 -> 21.4).
+int down_token_tile(const Engine& e, const Meta& m) {
   const int t = shared_group_token_tile(e, m);
+  if (t == 0) return 16;  // past kSharedGroupedMaxRows: no shared group
   return t == 64 && m.policy_rows <= 64 ? 16 : t;
 }
 
@@ -1263,13 +1266,14 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // tokens 69.6 -> 62.4 us, 73% -> 81% of 3.11 TB/s); in the step (A/B on one
   // H100, 2k context) batch 256 33.25 -> 32.65 ms and 192 30.25 -> 30.1, but
   // 160 29.1 / 29.2 against 29.1 / 29.3, 128 26.6 -> 26.85 and 96 25.25 -> 25.4,
-  // so below 192 gemm_fp8_stream stays.
+  // so below 192 gemm_fp8_stream stays (also with down_token_tile's 16-row
+  // tiles: H200, 2026-11-28, batch 144 22.87 -> 23.0 ms, 160 23.37 -> 23.43).
   if (stc.token_tile > 0 || (stream_tc_gu && m.policy_rows >= kDownStreamTcMinRows)) {
     glmk::StreamGemmArgs dt = dn;
     dt.M = T * d.slots;
     dt.typical_rows_per_group = typical;
     glmk::StreamTcTuning dtc = stc;
-    dtc.token_tile = shared_group_down_token_tile(e, m);
+    dtc.token_tile = down_token_tile(e, m);
     KCHECK(glmk::gemm_fp8_stream_tc(dt, glmk::StreamTcWorkspace{}, dtc, r.stream),
            "layer %d: expert down (tensor-core stream)", l);
   } else if (grouped_tc && y16) {

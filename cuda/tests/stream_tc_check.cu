@@ -33,7 +33,7 @@
 // never holds them; % = weight bytes read / time / 4.46 TB/s.
 // --lt-sweep: cuBLASLt's candidates for the dense decode linears (lt_sweep).
 // --experts: the routed experts with and without the shared expert's group
-// (bench_experts; with it also in 16- and 32-row token tiles), nothing else;
+// (bench_experts; also in forced token tiles of 16, 32 and 64 rows), nothing else;
 // --experts-profile: only their 64 + shared form, three eager launches of
 // each GEMM (for ncu), no timing.
 #include <numeric>
@@ -556,8 +556,9 @@ static void bench(const LtGemm& lt) {
 }
 
 // --experts: the routed experts' GEMMs as the runtime runs them past 8 rows,
-// with the shared expert as a 21st group of every token's row up to 64 rows
-// (its token tile then holds all of them), weights rotated over >= 400 MB.
+// with the shared expert as a 21st group of every token's row up to 128 rows
+// (in token tiles of up to 64 rows, as step.cu's shared_group_token_tile),
+// weights rotated over >= 400 MB; then each in forced token tiles.
 // The HBM read rate the bench's percentages use: the H200's 4.46 TB/s
 // (docs/hardware.md), else the H100 SXM's 3.11.
 static double hbm_peak() {
@@ -587,9 +588,9 @@ static void bench_experts(bool profile = false) {
     fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
     CK(cudaGetLastError());
     wsc.up(std::vector<float>(wsc.n, 1.f / 448));
-    for (int T : {16, 64, 128, 256}) {
+    for (int T : {16, 32, 64, 128, 256}) {
       for (int shared = 0; shared < 2; ++shared) {
-        if (shared && T > 64) continue;
+        if (shared && T > 128) continue;  // (the runtime's shared group: up to 128 rows)
         if (profile && !(T == 64 && shared)) continue;
         const int G = E + shared;
         const RoutedRows rt = route_rows(T, E, shared != 0);
@@ -600,12 +601,15 @@ static void bench_experts(bool profile = false) {
         a.max_rows_per_group = T;
         a.max_active_groups = std::min(E, T) + shared;
         a.typical_rows_per_group = (T + E - 1) / E;
-        // With the shared group: its tile (all its rows), and narrower token
-        // tiles too (the shared rows then span several tiles, its weights
-        // read once per tile, mostly from L2).
+        // The runtime's token tile (with the shared group: one holding all
+        // its rows; else the kernel's choice), then every other tile of 16 to
+        // 64 rows (the shared rows then span several tiles, its weights read
+        // once per tile, mostly from L2; a routed expert's rows likewise).
         const int tile0 = shared ? (T <= 16 ? 16 : T <= 32 ? 32 : 64) : 0;
-        for (int nt : {tile0, 16, 32}) {
-          if (nt != tile0 && (!shared || nt >= tile0 || profile)) continue;
+        const int tiles[4] = {tile0, 16, 32, 64};
+        for (int ti = 0; ti < 4; ++ti) {
+          const int nt = tiles[ti];
+          if (ti > 0 && (nt == tile0 || profile || (shared && nt > tile0))) continue;
           StreamTcTuning tu;
           tu.token_tile = nt;
           if (profile) {  // --experts-profile: three eager launches for a profiler, no timing
