@@ -764,7 +764,7 @@ int shared_group_token_tile(const Engine& e, const Meta& m) {
 int down_token_tile(const Engine& e, const Meta& m) {
   const int t = shared_group_token_tile(e, m);
   if (t == 0) return 16;  // past kSharedGroupedMaxRows: no shared group
-  return t == 64 && m.policy_rows <= 64 ? 16 : t;
+  return m.policy_rows > 32 && m.policy_rows <= 64 ? 16 : t;
 }
 
 // The input norm of layer l: h += delta (the previous sub-layer's output,
