@@ -717,9 +717,9 @@ bool experts_stream_tc(const Engine& e, const Meta& m) {
 // token), which saves its three launches (gate|up, SiLU, down):
 // - up to kStreamMaxRows rows, the last group of the grouped streaming GEMM;
 // - from there to kSharedGroupedMaxRows rows, a group of the tensor-core
-//   streaming GEMMs (gate|up and down), whose token tile then holds all its
-//   rows up to 64 (shared_group_token_tile), so that its weights stream once,
-//   and half of them past 64 (two tiles, the second read mostly from L2). A/B
+//   streaming GEMMs (gate|up and down), whose token tiles hold all its rows
+//   up to 32 and half of them past 32 (shared_group_token_tile: two tiles,
+//   the second's weights read mostly from L2; down_token_tile narrower). A/B
 //   on one H100 (2026-11-27, rank share, 2k context): batch 16 16.5 -> 15.4
 //   ms, batch 64 24.85 -> 24.2; with 64-row tiles past 64 rows, batch 80
 //   24.55 -> 24.1, 96 25.5 -> 24.95, 112 26.2 -> 25.6, 128 26.75 -> 26.15, but
@@ -736,16 +736,22 @@ bool shared_dense_mlp(const Engine& e, const Meta& m) {
            glmk::gemm_fp8_stream_tc_supported(e.d.H, e.d.MI));
 }
 
-// The token tile of the tensor-core streaming expert GEMMs when the shared
-// expert's group (every token's row) is one of theirs: up to 64 rows one tile
-// holds it, so its weights stream once, past that 64-row tiles (the kernel's
-// choice, twice the rows an expert typically gets, would cut it into up to 8
-// tiles: batch 96 25.25 -> 26.7 ms, 128 26.6 -> 29.0 on one H100); 0
+// The token tile of the tensor-core streaming expert GEMMs (gate|up; down:
+// down_token_tile) when the shared expert's group (every token's row) is one
+// of theirs: up to 32 rows one tile holds it, so its weights stream once;
+// from 33 to 64 rows two 32-row tiles (the second reads its weights mostly
+// from L2; one 64-row tile also held every routed expert's 2-6 rows in a
+// 64-wide tile: H200, stream_tc_check --experts, 64 tokens + shared 86.0 ->
+// 82.8 us; decode step (rank share, 2k context, A/B, ms) batch 40 17.4 ->
+// 17.2, 48 17.9 -> 17.7, 64 18.7 -> 18.55, 2026-11-28); past that 64-row
+// tiles (the kernel's choice, twice the rows an expert typically gets, would
+// cut it into up to 8 tiles: batch 96 25.25 -> 26.7 ms, 128 26.6 -> 29.0 on
+// one H100; H200: 128 tokens + shared in 32-row tiles 90.7 -> 100.6 us); 0
 // (that choice) otherwise.
 int shared_group_token_tile(const Engine& e, const Meta& m) {
   if (e.ranks[0].shared_local < 0 || !experts_stream_tc(e, m) || shared_dense_mlp(e, m)) return 0;
   const int p = m.policy_rows;  // <= kSharedGroupedMaxRows here
-  return p <= 16 ? 16 : p <= 32 ? 32 : 64;
+  return p <= 16 ? 16 : p <= 64 ? 32 : 64;
 }
 
 // The down projection's token tile on the tensor-core streaming path. Narrower
