@@ -4,9 +4,11 @@
 // operand), but fed by a warp-specialized TMA pipeline instead of per-warp
 // cp.async and mma.sync. The runtime uses it for the routed experts' gate|up
 // past 8 rows a step (H200, 20 rank experts at top-1: 80-84% of HBM from 16
-// to 128 tokens where gemm_fp8_stream reaches 69-77%). Measured and not used
-// (stream_tc_check --bench): the experts' down projection (K 1536: no faster)
-// and the dense decode linears (q|k|v, o_proj, the shared expert), whose 14-40
+// to 128 tokens where gemm_fp8_stream reaches 69-77%) and for their down
+// projection where the shared expert is a group and from 192 rows (65-72%,
+// in narrower token tiles than gate|up's: step.cu down_token_tile). Measured
+// and not used (stream_tc_check --bench): the dense decode linears (q|k|v,
+// o_proj, the shared expert as a dense MLP), whose 14-40
 // weight blocks leave most SMs idle without a K split, and whose K splits cost
 // more than they share out (below); cuBLASLt stays ahead there past 16 rows.
 //
