@@ -33,7 +33,7 @@
 // never holds them; % = weight bytes read / time / 4.46 TB/s.
 // --lt-sweep: cuBLASLt's candidates for the dense decode linears (lt_sweep).
 // --experts: the routed experts with and without the shared expert's group
-// (bench_experts; also in forced token tiles of 16, 32 and 64 rows), nothing else;
+// (bench_experts; in token tiles of 16, 32 and 64 rows and the kernel's own), nothing else;
 // --experts-profile: only their 64 + shared form, three eager launches of
 // each GEMM (for ncu), no timing.
 #include <numeric>
@@ -556,9 +556,9 @@ static void bench(const LtGemm& lt) {
 }
 
 // --experts: the routed experts' GEMMs as the runtime runs them past 8 rows,
-// with the shared expert as a 21st group of every token's row up to 128 rows
-// (in token tiles of up to 64 rows, as step.cu's shared_group_token_tile),
-// weights rotated over >= 400 MB; then each in forced token tiles.
+// with the shared expert as a 21st group of every token's row up to 128 rows,
+// weights rotated over >= 400 MB, in every token tile (step.cu's
+// shared_group_token_tile and down_token_tile pick from these figures).
 // The HBM read rate the bench's percentages use: the H200's 4.46 TB/s
 // (docs/hardware.md), else the H100 SXM's 3.11.
 static double hbm_peak() {
@@ -601,10 +601,10 @@ static void bench_experts(bool profile = false) {
         a.max_rows_per_group = T;
         a.max_active_groups = std::min(E, T) + shared;
         a.typical_rows_per_group = (T + E - 1) / E;
-        // The runtime's token tile (with the shared group: one holding all
-        // its rows; else the kernel's choice), then every other tile of 16 to
-        // 64 rows (the shared rows then span several tiles, its weights read
-        // once per tile, mostly from L2; a routed expert's rows likewise).
+        // First a tile holding all the shared group's rows up to 64 (without
+        // it: the kernel's own choice, "auto"), then every narrower tile of 16
+        // to 64 rows (the shared rows then span several tiles, its weights
+        // read once per tile, mostly from L2; a routed expert's rows likewise).
         const int tile0 = shared ? (T <= 16 ? 16 : T <= 32 ? 32 : 64) : 0;
         const int tiles[4] = {tile0, 16, 32, 64};
         for (int ti = 0; ti < 4; ++ti) {
@@ -632,7 +632,7 @@ static void bench_experts(bool profile = false) {
           });
           const double gb = (double)hit * sh.N * sh.K;
           printf("%-13s T %4d %-3s hit %2d | %8.2f us %4.0f%%%s\n", sh.name, T, shared ? "+sh" : "", hit, us,
-                 100 * gb / (us * 1e-6) / kHbm, nt != tile0 ? fmt(" (token tile %d)", nt).c_str() : "");
+                 100 * gb / (us * 1e-6) / kHbm, nt ? fmt(" (token tile %d)", nt).c_str() : " (token tile auto)");
           fflush(stdout);
         }
       }
