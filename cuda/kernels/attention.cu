@@ -467,7 +467,7 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
       const float f = sh.scl[idx >> 5];
       y[k] = make_float4(acc[k].x * f, acc[k].y * f, acc[k].z * f, acc[k].w * f);
       if (outp) reinterpret_cast<float4*>(outp)[idx] = y[k];
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y[k].x), fabsf(y[k].y)), fmaxf(fabsf(y[k].z), fabsf(y[k].w))));
+      amax = fmaxf(amax, absmax4(y[k]));
     }
   }
   if (a.out_q) {  // uniform over the block
@@ -479,8 +479,7 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
       const int idx = tid + kDecThreads * k;
       if (idx < per) {
         const float4 v = y[k];
-        qr[idx] = (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
-                  ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
+        qr[idx] = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
       }
     }
     if (tid == 0) a.out_scale[row] = s;
@@ -549,7 +548,7 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
       const float f = 1.f / L;
       y[q] = make_float4(a4.x * f, a4.y * f, a4.z * f, a4.w * f);
       if (outp) reinterpret_cast<float4*>(outp)[idx] = y[q];
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(y[q].x), fabsf(y[q].y)), fmaxf(fabsf(y[q].z), fabsf(y[q].w))));
+      amax = fmaxf(amax, absmax4(y[q]));
     }
   }
   if (a.out_q) amax = block_reduce(amax, sh.red, MaxOp());  // uniform over the cluster
@@ -567,8 +566,7 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
       const int idx = lo + tid + kDecThreads * q;
       if (idx < hi) {
         const float4 v = y[q];
-        qr[idx] = (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
-                  ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
+        qr[idx] = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
       }
     }
     if (rank == 0 && tid == 0) a.out_scale[row] = s;
@@ -935,29 +933,6 @@ int dec_smem(const DecodeAttnArgs& a, const DeviceInfo& dd, int S) {
   return smem;
 }
 
-cudaLaunchConfig_t dec_config(const DecodeAttnArgs& a, int smem, int cluster, cudaLaunchAttribute (&attr)[2],
-                              cudaStream_t st) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(a.max_splits, a.n_kv_heads, a.n_seqs);
-  cfg.blockDim = dim3(kDecThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  int n = 0;
-  if (a.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n++].val.programmaticStreamSerializationAllowed = 1;
-  }
-  if (cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = cluster;
-    attr[n].val.clusterDim.y = 1;
-    attr[n++].val.clusterDim.z = 1;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cfg;
-}
-
 // Clusters of max_splits CTAs (2, 4, 8 or 16) of the S-stage cluster kernel
 // that the device holds at once (cudaOccupancyMaxActiveClusters: registers,
 // shared memory, GPC sizes); 0 where none launches. Asked once per device,
@@ -978,9 +953,8 @@ int dec_cluster_capacity(const DecodeAttnArgs& a, const DeviceInfo& dd, int dev)
     one.n_seqs = 1;
     one.n_kv_heads = 1;
     one.pdl = 0;
-    cudaLaunchAttribute attr[2];
-    const cudaLaunchConfig_t cfg = dec_config(one, smem, cl, attr, nullptr);
-    if (cudaOccupancyMaxActiveClusters(&n, decode_attn_kernel<S, true>, &cfg) != cudaSuccess) n = 0;
+    const LaunchConfig lc(dim3(one.max_splits, one.n_kv_heads, one.n_seqs), dim3(kDecThreads), smem, nullptr, false, cl);
+    if (cudaOccupancyMaxActiveClusters(&n, decode_attn_kernel<S, true>, &lc.cfg) != cudaSuccess) n = 0;
   }
   (void)cudaGetLastError();  // a failed query means "no cluster"
   c.store(n + 1, std::memory_order_relaxed);
@@ -992,10 +966,8 @@ cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const Device
   const int smem = dec_smem(a, dd, S);
   cudaError_t e = dec_prepare<S, CLU>(std::max(smem, kDecWarps * 4 * kDecStageBytes));
   if (e != cudaSuccess) return e;
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = dec_config(a, smem, CLU ? a.max_splits : 1, attr, st);
-  e = cudaLaunchKernelEx(&cfg, decode_attn_kernel<S, CLU>, a, p);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  return launch_kernel(a.pdl != 0, CLU ? a.max_splits : 0, decode_attn_kernel<S, CLU>,
+                       dim3(a.max_splits, a.n_kv_heads, a.n_seqs), dim3(kDecThreads), smem, st, a, p);
 }
 
 template <int S>

@@ -77,6 +77,11 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
          ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
 }
 
+// max(|x|, |y|, |z|, |w|): a float4's share of a row's FP8 scale.
+__device__ __forceinline__ float absmax4(const float4& v) {
+  return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+}
+
 __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
   __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)b, __NV_E4M3);
   return __half2float(__half(h));
@@ -453,27 +458,52 @@ __device__ __forceinline__ void prefetch_l2_block_share(const uint8_t* base, int
     prefetch_l2_bulk(base + o, (uint32_t)(end - o < 4096 ? end - o : 4096));
 }
 
-// Launches kernel on st, with programmatic dependent launch when pdl
-// (ProgrammaticStreamSerialization: the kernel may start while the previous
+// A launch configuration with programmatic dependent launch (pdl:
+// ProgrammaticStreamSerialization: the kernel may start while the previous
 // kernel of the stream runs, once that one triggers its dependents, and must
 // pdl_wait before touching what it writes; inside stream capture the launch
-// becomes a programmatic edge when the previous node is a kernel), else as an
-// ordinary launch. Returns the launch error or cudaGetLastError().
+// becomes a programmatic edge when the previous node is a kernel) and/or
+// thread-block clusters of `cluster` CTAs along x (cluster > 0; 0: no cluster
+// attribute). Not copyable: cfg points at attr.
+struct LaunchConfig {
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg = {};
+  LaunchConfig(dim3 grid, dim3 block, size_t smem, cudaStream_t st, bool pdl, int cluster) {
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    unsigned n = 0;
+    if (pdl) {
+      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster > 0) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n].val.clusterDim.x = cluster;
+      attr[n].val.clusterDim.y = 1;
+      attr[n++].val.clusterDim.z = 1;
+    }
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+  }
+  LaunchConfig(const LaunchConfig&) = delete;
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
+};
+
+// Launches kernel on st (LaunchConfig: pdl, cluster). Returns the launch
+// error or cudaGetLastError().
+template <class... P, class... A>
+cudaError_t launch_kernel(bool pdl, int cluster, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t st, A&&... args) {
+  const LaunchConfig lc(grid, block, smem, st, pdl, cluster);
+  const cudaError_t e = cudaLaunchKernelEx(&lc.cfg, kernel, std::forward<A>(args)...);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
 template <class... P, class... A>
 cudaError_t launch_kernel(bool pdl, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
                           A&&... args) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-  return e != cudaSuccess ? e : cudaGetLastError();
+  return launch_kernel(pdl, 0, kernel, grid, block, smem, st, std::forward<A>(args)...);
 }
 
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }

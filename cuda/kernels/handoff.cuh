@@ -66,9 +66,7 @@ __device__ __forceinline__ void t1_mma_chunk(float (&acc)[4], const uint4& a, co
   mma_e4m3_16832(acc, a.z, b.z, a.w, b.w, x.z, x.w);
 }
 
-__device__ __forceinline__ float t1_amax4(const float4& y) {
-  return fmaxf(fmaxf(fabsf(y.x), fabsf(y.y)), fmaxf(fabsf(y.z), fabsf(y.w)));
-}
+__device__ __forceinline__ float t1_amax4(const float4& y) { return absmax4(y); }
 __device__ __forceinline__ uint32_t t1_pack4(const float4& v, float s) {
   return pack_e4m3x4(v.x, v.y, v.z, v.w, s);
 }

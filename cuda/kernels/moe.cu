@@ -662,18 +662,9 @@ int rf_query_cluster_limit(RfKernelFn fn, int dev) {
       (void)cudaGetLastError();
       continue;
     }
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(c);
-    cfg.blockDim = dim3(kRfThreads);
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
+    const LaunchConfig lc(dim3(c), dim3(kRfThreads), 0, nullptr, false, c);
     int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n > 0) return c;
+    if (cudaOccupancyMaxActiveClusters(&n, fn, &lc.cfg) == cudaSuccess && n > 0) return c;
     (void)cudaGetLastError();
   }
   return 0;
@@ -773,19 +764,8 @@ cudaError_t rf_choose(int T, int E, int H, RfLaunch* out) {
 // CTAs when > 0 (grid is a multiple of it).
 cudaError_t rf_launch(RfKernelFn fn, int grid, int cluster, cudaStream_t st, const RouterFusedArgs& a,
                       const RfShape& sh) {
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster > 0 ? cluster : 1;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(kRfThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = st;
-  cfg.attrs = attr;
-  cfg.numAttrs = cluster > 0 ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, fn, a, sh);
+  const LaunchConfig lc(dim3(grid), dim3(kRfThreads), 0, st, false, cluster);
+  return cudaLaunchKernelEx(&lc.cfg, fn, a, sh);
 }
 
 }  // namespace
