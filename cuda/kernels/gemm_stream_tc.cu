@@ -119,6 +119,9 @@ struct SwapLaunch {
   int m_bound;  // bound on the token tiles (the workspace's tile slots)
   float* partials;  // [m_bound * n_wb][splits][NT][128] when splits > 1
   int* counters;    // [m_bound * n_wb], zero between launches, when splits > 1
+  // > 0: split s writes its scaled product to Y + s * split_stride (split 0
+  // adds the bias) and the kernel after sums the slices (StreamTcTuning).
+  int64_t split_stride;
 };
 
 template <class C>
@@ -141,12 +144,34 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  // Weight stages whose TMA thread 0 issued before griddepcontrol.wait (its
+  // producer loop then skips them).
+  int early = 0;
   if (a.pdl) {
     // Launched early (programmatic dependent launch): until the wait only
-    // weights, which no kernel writes — this CTA's share of the group that is
-    // sure to have rows (the shared expert), into L2.
-    if (a.prefetch_group >= 0 && a.prefetch_group < a.groups)
+    // weights, which no kernel writes. Dense: this CTA's first unit depends
+    // on nothing else, so its first stages' weight TMAs go out now, straight
+    // into the ring (a dense decode linear's unit is a few stages: with the K
+    // splits stored apart most of a CTA's weights are in flight before the
+    // kernel before has finished). Grouped: the units follow the router's
+    // offsets; this CTA's share of the group sure to have rows (the shared
+    // expert) into L2.
+    if (!a.group_offsets) {
+      const int KT = a.K / kSwBK, S = L.splits;
+      if (tid == 0 && blockIdx.x < min(L.m_bound, (a.M + NT - 1) / NT) * L.n_wb * S) {
+        const int s = blockIdx.x % S, wb = (blockIdx.x / S) % L.n_wb;
+        const int kb = (int)((int64_t)s * KT / S), ke = (int)((int64_t)(s + 1) * KT / S);
+        early = min(ke - kb, C::STAGES);
+        const uint64_t wpol = l2_policy_stream();
+        for (int i = 0; i < early; ++i) {
+          const uint32_t full = bar_full + 8 * i;
+          mbar_arrive_expect_tx(full, C::W_BYTES);
+          tma_load_2d_hint(sbase + i * C::STAGE_BYTES, &wmap, (kb + i) * kSwBK, wb * kSwWRows, full, wpol);
+        }
+      }
+    } else if (a.prefetch_group >= 0 && a.prefetch_group < a.groups) {
       prefetch_l2_block_share(a.W + (int64_t)a.prefetch_group * a.N * a.K, (int64_t)a.N * a.K);
+    }
     pdl_wait();
   }
   // The group offsets, read at every unit by both warpgroups, from shared
@@ -176,7 +201,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // (tid >> 3) + 16 i.
     const int piece = tid & 7, prow = tid >> 3;
     const uint64_t wpol = l2_policy_stream();  // weights: read once per step
-    int stage = 0;
+    int stage = 0, issued = 0;
     uint32_t phase = 0;
     for (int u = blockIdx.x; u < total; u += gridDim.x) {
       int item, wb, s, grp = 0, row0 = 0, rows = 0;
@@ -193,7 +218,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       for (int kt = kb; kt < ke; ++kt) {
         mbar_wait(bar_empty + 8 * stage, phase ^ 1);
         const uint32_t sw = sbase + stage * C::STAGE_BYTES, full = bar_full + 8 * stage;
-        if (tid == 0) {
+        if (tid == 0 && issued++ >= early) {
           mbar_arrive_expect_tx(full, C::W_BYTES);
           tma_load_2d_hint(sw, &wmap, kt * kSwBK, wrow, full, wpol);
         }
@@ -234,9 +259,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       // down projection). Not with 128-token tiles, whose 64 + 64 accumulator
       // registers leave no room for 64 more.
       constexpr bool kPre = NT <= 64;
+      // Unsplit, or split with every slice stored apart: the same epilogue.
+      const bool direct = S == 1 || L.split_stride > 0;
       int xrow[NT / 4];
       float xsv[NT / 4], wsv[2], bv[2];
-      if (kPre && S == 1) {
+      if (kPre && direct) {
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
@@ -265,7 +292,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         for (int k = 0; k < kSwBK / 32; ++k)
           wgmma_e4m3<NT>(part, wgmma_desc(st + a_off + 32 * k), wgmma_desc(st + C::W_BYTES + 32 * k), k);
         wgmma_commit();
-        if (kPre && S == 1 && kt == kb) {
+        if (kPre && direct && kt == kb) {
 #pragma unroll
           for (int i = 0; i < NT / 4; ++i) xsv[i] = xrow[i] >= 0 ? a.x_scale[xrow[i]] : 0.f;
         }
@@ -277,7 +304,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         if (++stage == C::STAGES) stage = 0, phase ^= 1;
       }
       auto xscale = [&](int t) { return a.x_scale[a.x_rows ? a.x_rows[row0 + t] : row0 + t]; };
-      if (S == 1) {
+      if (direct) {
+        float* const Ys = a.Y + (int64_t)s * L.split_stride;
+        const bool add_bias = bias && s == 0;
 #pragma unroll
         for (int j = 0; j < NT / 8; ++j)
 #pragma unroll
@@ -287,12 +316,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
               float y;
               if constexpr (kPre) {
                 y = acc[4 * j + e] * xsv[2 * j + (e & 1)] * wsv[e >> 1];
-                if (bias) y += bv[e >> 1];
+                if (add_bias) y += bv[e >> 1];
               } else {
                 y = acc[4 * j + e] * xscale(t) * wsc[n];
-                if (bias) y += bias[n];
+                if (add_bias) y += bias[n];
               }
-              a.Y[(int64_t)(row0 + t) * a.ldy + n] = y;
+              Ys[(int64_t)(row0 + t) * a.ldy + n] = y;
             }
           }
         continue;
@@ -353,7 +382,7 @@ constexpr int kMaxDevices = 64;
 
 template <class C>
 cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& ws, int splits_req,
-                             int sms, cudaStream_t st) {
+                             int64_t split_stride, int sms, cudaStream_t st) {
   static std::atomic<bool> ready[kMaxDevices];
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
@@ -386,12 +415,14 @@ cudaError_t launch_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace& w
   // the partials' write, the fence and the counter's round trip cost a
   // consumer ~3 us per unit, more than the stream it shares out.
   if (S <= 0) S = 1;
-  S = std::min(S, KT);
-  // Shrink the split until its partials fit the workspace.
-  const size_t per_split = (size_t)m_bound * n_wb * C::NT * kSwWRows;
-  while (S > 1 && (per_split * S > ws.partial_floats || m_bound * n_wb > ws.n_counters)) --S;
+  if (split_stride <= 0) {
+    S = std::min(S, KT);
+    // Shrink the split until its partials fit the workspace.
+    const size_t per_split = (size_t)m_bound * n_wb * C::NT * kSwWRows;
+    while (S > 1 && (per_split * S > ws.partial_floats || m_bound * n_wb > ws.n_counters)) --S;
+  }  // else exactly the splits asked for (<= KT, checked): the caller sums that many slices
   if (m_bound * n_wb * (int64_t)S > 0x7fffffff) return cudaErrorInvalidValue;
-  SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters};
+  SwapLaunch L{n_wb, S, (int)m_bound, ws.partials, ws.counters, split_stride};
   const int grid = (int)std::min<int64_t>((int64_t)m_bound * n_wb * S, sms);
   // With a.pdl the CTAs may start while the previous kernel runs (StreamGemmArgs::pdl).
   return launch_kernel(a.pdl != 0, stream_tc_kernel<C>, dim3(grid), dim3(C::THREADS), C::SMEM, st, map, a, L);
@@ -416,7 +447,8 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   if (a.Xf || a.ksplit != 1 || a.K <= 0 || a.K % kSwBK != 0 || a.N < 0 || a.M < 0 || a.groups <= 0 ||
       a.prefetch_group < -1 || a.prefetch_group >= a.groups ||
       (!a.group_offsets && a.groups != 1) || a.max_active_groups < 0 || a.typical_rows_per_group < 0 ||
-      tu.splits < 0 || tu.splits > 64 ||
+      tu.splits < 0 || tu.splits > 64 || tu.split_stride < 0 ||
+      (tu.split_stride > 0 && (tu.splits < 1 || tu.splits > a.K / kSwBK || tu.split_stride < (int64_t)a.M * a.ldy)) ||
       (tu.token_tile != 0 && tu.token_tile != 16 && tu.token_tile != 32 && tu.token_tile != 64 &&
        tu.token_tile != 128))
     return cudaErrorInvalidValue;
@@ -432,10 +464,10 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   const int sms = di.sms;
   const int nt = tu.token_tile > 0 ? tu.token_tile : gemm_fp8_stream_tc_token_tile(a);
   switch (nt) {
-    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, sms, st);
-    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu.splits, sms, st);
-    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu.splits, sms, st);
-    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu.splits, sms, st);
+    case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, tu.split_stride, sms, st);
+    case 32: return launch_stream_tc<SwapConfig<32>>(a, ws, tu.splits, tu.split_stride, sms, st);
+    case 64: return launch_stream_tc<SwapConfig<64>>(a, ws, tu.splits, tu.split_stride, sms, st);
+    default: return launch_stream_tc<SwapConfig<128>>(a, ws, tu.splits, tu.split_stride, sms, st);
   }
 }
 

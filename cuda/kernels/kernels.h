@@ -66,6 +66,11 @@ struct AddNormArgs {
   // With delta: normalise h + delta without storing the sum back into h (the
   // MTP head, whose row_index may name one row several times).
   bool keep_h = false;
+  // delta as delta_splits slices delta_split_stride floats apart (a K-split
+  // linear's products, StreamTcTuning::split_stride), summed in slice order
+  // before the add. 1: one delta.
+  int delta_splits = 1;
+  int64_t delta_split_stride = 0;
 };
 cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st);
 
@@ -108,6 +113,11 @@ struct QkRopeArgs {
   const float* x_scale = nullptr;
   const float* w_scale = nullptr;
   const float* bias = nullptr;
+  // qkv as qkv_splits slices qkv_split_stride floats apart (a K-split linear's
+  // scaled products, bias in the first; StreamTcTuning::split_stride), summed
+  // in slice order. Not with x_scale. 1: one qkv.
+  int qkv_splits = 1;
+  int64_t qkv_split_stride = 0;
 };
 cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st);
 
@@ -522,6 +532,12 @@ struct StreamTcWorkspace {
 struct StreamTcTuning {
   int token_tile = 0;  // 16, 32, 64, 128; 0: from max_rows_per_group (dense) or twice typical_rows_per_group
   int splits = 0;      // K splits per tile (1..64); 0: none (every split measured slower on an H200)
+  // > 0 (>= M * ldy): the K splits' products are not summed here. Split s of
+  // exactly `splits` (<= K / 128) writes its scaled product to the slice
+  // Y + s * split_stride (split 0 adds the bias), and the kernel that reads Y
+  // sums the slices in split order (add_rmsnorm's delta_splits, the rope
+  // kernel's qkv_splits): no workspace, counter or fence between the splits.
+  int64_t split_stride = 0;
 };
 bool gemm_fp8_stream_tc_supported(int N, int K);
 // The token tile the launch would choose (StreamTcTuning::token_tile 0).

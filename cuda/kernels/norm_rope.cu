@@ -17,11 +17,17 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
   __shared__ float scratch[32];
   float* h = a.h + (int64_t)src * a.hidden;
   const float* d = a.delta ? a.delta + (int64_t)src * a.hidden : nullptr;
+  // delta, its slices summed in order (AddNormArgs::delta_splits).
+  auto dv = [&](int c) {
+    float x = d[c];
+    for (int s = 1; s < a.delta_splits; ++s) x += d[s * a.delta_split_stride + c];
+    return x;
+  };
   float ss = 0.f;
   for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
     float v = h[c];
     if (d) {
-      v += d[c];
+      v += dv(c);
       if (!a.keep_h) h[c] = v;
     }
     ss += v * v;
@@ -30,7 +36,7 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
   const float r = 1.0f / sqrtf(ss / (float)a.hidden + a.eps);
   if (a.out_rstd && threadIdx.x == 0) a.out_rstd[i] = r;
   // keep_h: the sum is recomputed (h was not written).
-  auto hv = [&](int c) { return (d && a.keep_h) ? h[c] + d[c] : h[c]; };
+  auto hv = [&](int c) { return (d && a.keep_h) ? h[c] + dv(c) : h[c]; };
   float amax = 0.f;
   for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
     const float y = a.weight[c] * (hv(c) * r);
@@ -138,6 +144,21 @@ __global__ void __launch_bounds__(kNormThreads, NV <= 5 ? kNormMinBlocks : 1) ad
     for (int k = 0; k < NV; ++k) {
       const int c = tid + k * nt;
       if (c < n4) d[k] = __ldg(d4 + c);
+    }
+    // delta's further slices (AddNormArgs::delta_splits), added in order.
+    for (int sl = 1; sl < a.delta_splits; ++sl) {
+      const float4* ds = d4 + sl * (a.delta_split_stride >> 2);
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int c = tid + k * nt;
+        if (c < n4) {
+          const float4 e = __ldg(ds + c);
+          d[k].x += e.x;
+          d[k].y += e.y;
+          d[k].z += e.z;
+          d[k].w += e.w;
+        }
+      }
     }
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -295,9 +316,29 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
   // A padding token (slot < 0) writes q only: the cache is left untouched.
   const int n_heads = slot < 0 ? a.n_q_heads : a.n_q_heads + 2 * a.n_kv_heads;
   const float* row = a.qkv + (int64_t)t * (a.n_q_heads + 2 * a.n_kv_heads) * 128;
+  // Head hd's four values of this lane, qkv's slices summed in order
+  // (QkRopeArgs::qkv_splits): every slice's load issued before the adds.
+  auto load_head = [&](int hd) {
+    const float4* p = reinterpret_cast<const float4*>(row + hd * 128) + lane;
+    float4 v = *p;
+    if (a.qkv_splits > 1) {
+      constexpr int kBatch = 4;
+      const int64_t st4 = a.qkv_split_stride >> 2;
+      for (int s0 = 1; s0 < a.qkv_splits; s0 += kBatch) {
+        float4 e[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j)
+          if (s0 + j < a.qkv_splits) e[j] = p[(s0 + j) * st4];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j)
+          if (s0 + j < a.qkv_splits) v.x += e[j].x, v.y += e[j].y, v.z += e[j].z, v.w += e[j].w;
+      }
+    }
+    return v;
+  };
   // The first head's row is loaded before the angle table, to overlap the two.
   float4 v_next = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (warp < n_heads) v_next = reinterpret_cast<const float4*>(row + warp * 128)[lane];
+  if (warp < n_heads) v_next = load_head(warp);
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     const float ang = (float)pos * a.inv_freq[j];
     float sn, cs;
@@ -310,7 +351,7 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
   const float xs_t = a.x_scale ? a.x_scale[t] : 1.f;
   for (int hd = warp; hd < n_heads; hd += nwarps) {
     float4 v = v_next;
-    if (hd + nwarps < n_heads) v_next = reinterpret_cast<const float4*>(row + (hd + nwarps) * 128)[lane];
+    if (hd + nwarps < n_heads) v_next = load_head(hd + nwarps);
     if (a.x_scale) {  // the GEMM's epilogue, as gemm_fp8_epilogue computes it
       const int n = hd * 128 + lane * 4;
       float e[4] = {v.x, v.y, v.z, v.w};
@@ -358,6 +399,9 @@ int norm_vec_threads(int hidden) {
 cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
   if (a.rows <= 0) return cudaSuccess;
   if (a.out_q && !a.out_scale) return cudaErrorInvalidValue;
+  if (a.delta_splits < 1 || (a.delta_splits > 1 && (!a.delta || a.delta_split_stride < (int64_t)a.hidden ||
+                                                    a.delta_split_stride % 4 != 0)))
+    return cudaErrorInvalidValue;
   auto aligned = [](const void* p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; };
   const int n4 = a.hidden / 4;
   const bool vec = a.hidden > 0 && a.hidden % 4 == 0 && n4 <= kNormThreads * kNormVecMax &&
@@ -383,7 +427,7 @@ template <typename YT>
 cudaError_t launch_combine_add_rmsnorm(const YT* y, const int* inv, const float* w, int slots,
                                        const float* add, const AddNormArgs& a, cudaStream_t st) {
   if (a.rows <= 0) return cudaSuccess;
-  if (!combine_add_rmsnorm_supported(a.hidden, slots) || a.row_index || a.delta || !a.weight ||
+  if (!combine_add_rmsnorm_supported(a.hidden, slots) || a.row_index || a.delta || a.delta_splits != 1 || !a.weight ||
       (a.out_q && !a.out_scale))
     return cudaErrorInvalidValue;
   auto aligned = [](const void* p, uintptr_t n) { return ((uintptr_t)p & (n - 1)) == 0; };
@@ -412,6 +456,11 @@ cudaError_t combine_add_rmsnorm(const __nv_bfloat16* y, const int* inv, const fl
 cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st) {
   if (a.T <= 0) return cudaSuccess;
   if (a.head_dim != 128 || a.rot_dim % 8 != 0 || a.rot_dim > 128 || a.rot_dim < 8)
+    return cudaErrorInvalidValue;
+  const int64_t row_floats = (int64_t)(a.n_q_heads + 2 * a.n_kv_heads) * 128;
+  if (a.qkv_splits < 1 || (a.qkv_splits > 1 && (a.x_scale || a.qkv_split_stride < (int64_t)a.T * row_floats ||
+                                                a.qkv_split_stride % 4 != 0 ||
+                                                ((uintptr_t)a.qkv & 15) != 0)))
     return cudaErrorInvalidValue;
   const int n_heads = a.n_q_heads + 2 * a.n_kv_heads;
   const int warps = n_heads < 1 ? 1 : n_heads < kRopeMaxWarps ? n_heads : kRopeMaxWarps;

@@ -87,6 +87,10 @@ struct Rank {
   // The last attention_block's o_proj added its product to h itself (linear's
   // acc_into): the mlp_block of the same layer then normalises h without a delta.
   bool o_in_h = false;
+  // ... or left it as o_splits K-split slices in lin_parts, o_split_stride
+  // floats apart, for the post-attention norm to sum (1: in delta or h).
+  int o_splits = 1;
+  int64_t o_split_stride = 0;
   std::vector<void*> allocations;
   int64_t weight_bytes = 0, kv_bytes = 0, workspace_bytes = 0;
 
@@ -119,6 +123,10 @@ struct Rank {
   float* hf = nullptr;        // SiLU*up FP32 (exact mode)
   float* ysort = nullptr;     // expert outputs in sorted order
   float* split_ws = nullptr;  // split-K partials
+  // The slices of K-split linears whose next kernel sums them (linear's
+  // SplitOut: q|k|v for the rope kernel, o_proj for the post-attention norm).
+  float* lin_parts = nullptr;
+  size_t lin_parts_floats = 0;
   float* router_logits = nullptr;
   int *topk_ids = nullptr, *offsets = nullptr, *sorted_rows = nullptr, *inv = nullptr;
   float* topk_w = nullptr;

@@ -304,6 +304,12 @@ int alloc_workspaces(Engine& e, Rank& r) {
     GLMRT_TRY(A(&r.inv, rows_moe, "sorted positions"));
   }
   GLMRT_TRY(A(&r.split_ws, (size_t)16 * 64 * max_n, "split-K partials"));
+  if (!e.exact) {
+    // A K-split linear's slices (step.cu, split_out_plan): at most one 128-row
+    // token tile x 128 weight rows per SM and split.
+    r.lin_parts_floats = (size_t)std::max(r.num_sms, 1) * 128 * 128;
+    GLMRT_TRY(A(&r.lin_parts, r.lin_parts_floats, "K-split linear slices"));
+  }
   GLMRT_TRY(A(&r.part_o, (size_t)e.max_parts * d.nq_l * d.D, "attention partials"));
   GLMRT_TRY(A(&r.part_ml, (size_t)e.max_parts * d.nq_l * 2, "attention partial stats"));
   if (e.f32kv)

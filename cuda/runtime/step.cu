@@ -568,6 +568,44 @@ constexpr int kLtDeferMaxRows = 256;
 // expert among its groups (see mlp_block).
 constexpr int kDownStreamTcMinRows = 192;
 
+// A linear whose next kernel can sum its K splits' products (the rope kernel
+// for q|k|v, the post-attention norm for o_proj): past kStreamMaxRows and up
+// to kSplitOutMaxRows rows on sm_90 the tensor-core streaming kernel runs with
+// enough K splits to give every SM a unit, each split's product stored apart
+// in r.lin_parts (StreamTcTuning::split_stride). Without the split, q|k|v's
+// 14 and o_proj's 40 weight blocks of 128 rows left most of the 132 SMs idle
+// (20-33% of HBM on cuBLASLt and unsplit alike, docs/perf.md), and a split
+// summed inside the GEMM cost each unit a fence and a counter's round trip.
+constexpr int kSplitOutMaxRows = 64;
+// K stages (128 bytes each) a split streams at least.
+constexpr int kSplitOutMinStages = 3;
+constexpr int kSplitOutMaxSplits = 16;
+
+// In: where the slices may go. Out: how many splits linear wrote there (1:
+// none, Y was written as usual) and their distance in floats.
+struct SplitOut {
+  int splits = 1;
+  int64_t stride = 0;
+};
+
+// The K splits (>= 2) of a split-out launch for M rows of an N x K linear
+// (token tile as the kernel picks it for P rows), or 1 where no split pays or
+// the slices do not fit r.lin_parts.
+int split_out_plan(const Rank& r, int M, int P, int N, int K) {
+  if (!r.stream_tc || !r.lin_parts || P <= kStreamMaxRows || P > kSplitOutMaxRows ||
+      !glmk::gemm_fp8_stream_tc_supported(N, K))
+    return 1;
+  glmk::StreamGemmArgs a;
+  a.M = M;
+  a.N = N;
+  a.max_rows_per_group = P;
+  const int nt = glmk::gemm_fp8_stream_tc_token_tile(a);
+  const int units = ((P + nt - 1) / nt) * ((N + 127) / 128);
+  int s = std::min({r.num_sms / std::max(units, 1), (K / 128) / kSplitOutMinStages, kSplitOutMaxSplits});
+  if (s < 2 || (size_t)s * M * N > r.lin_parts_floats) return 1;
+  return s;
+}
+
 // Xf set: exactness-check path (FP32 activations).
 // P: the rows the launch shape is chosen for (Meta::policy_rows, >= M).
 // epilogue_deferred: when set and the cuBLASLt path would follow its GEMM with
@@ -577,12 +615,15 @@ constexpr int kDownStreamTcMinRows = 192;
 // acc_into (with accumulated): where the cuBLASLt path with fused scales runs,
 // the product is added to acc_into in place (its C operand) instead of being
 // written to Y, and *accumulated is set; the other paths write Y.
+// split (with Xf unset): the caller sums K-split slices (split_out_plan); if
+// split->splits comes back > 1 the product is in r.lin_parts, not Y.
 int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N, int K,
            const uint8_t* X, const float* xs, const float* Xf, int M, int P, float* Y, int layer,
            const char* what, bool pdl = false, bool* epilogue_deferred = nullptr,
-           float* acc_into = nullptr, bool* accumulated = nullptr) {
+           float* acc_into = nullptr, bool* accumulated = nullptr, SplitOut* split = nullptr) {
   if (epilogue_deferred) *epilogue_deferred = false;
   if (accumulated) *accumulated = false;
+  if (split) *split = SplitOut{};
   // What every streaming-kernel path below shares: the weights, the shape, the
   // FP32 output.
   glmk::StreamGemmArgs dense;
@@ -619,6 +660,28 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
     KCHECK(glmk::gemm_fp8_stream(a, r.stream), "layer %d %s: gemm_fp8_stream M=%d N=%d K=%d", layer,
            what, M, N, K);
     return GLMRT_OK;
+  }
+  if (split) {
+    const int S = split_out_plan(r, M, P, N, K);
+    if (S > 1) {
+      glmk::StreamGemmArgs a = dense;
+      a.bias = bias;
+      a.X = X;
+      a.x_scale = xs;
+      a.max_rows_per_group = P;
+      a.Y = r.lin_parts;
+      // Programmatic dependent launch: each CTA's weight stages are requested
+      // while the kernel before finishes (gemm_stream_tc.cu).
+      a.pdl = pdl ? 1 : 0;
+      glmk::StreamTcTuning tu;
+      tu.splits = S;
+      tu.split_stride = (int64_t)M * N;
+      KCHECK(glmk::gemm_fp8_stream_tc(a, glmk::StreamTcWorkspace{}, tu, r.stream),
+             "layer %d %s: gemm_fp8_stream_tc M=%d N=%d K=%d, %d K-split slices", layer, what, M, N, K, S);
+      split->splits = S;
+      split->stride = tu.split_stride;
+      return GLMRT_OK;
+    }
   }
   // Up to kStreamTcDenseMaxRows rows on sm_90, a linear without a bias (o_proj, the shared
   // expert, the dense MLP) streams through the tensor-core kernel, whose
@@ -852,6 +915,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     a.ws_ctas = r.num_sms;
     KCHECK(glmk::attn_layer_t1(a, r.stream), "layer %d: attn_layer_t1 (one-token attention layer)", l);
     r.o_in_h = false;
+    r.o_splits = 1;
     PROF(GLMRT_PROF_ATTN_LAYER);
     return GLMRT_OK;
   }
@@ -859,11 +923,15 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   // cuBLASLt unscaled and the rope kernel applies its epilogue (H200, 2k-token
   // prefill: the epilogue kernel took 16 us per layer, 3.4 us at batch 64).
   bool qkv_raw = false;
+  SplitOut qkv_split;
   GLMRT_TRY(linear(r, L.qkv, L.qkv_scale, L.qkv_bias, d.qkv_rows, d.H, r.xq, r.xs,
-                   e.exact ? r.xf : nullptr, T, m.policy_rows, r.qkv, l, "q|k|v", !e.prof.on, &qkv_raw));
+                   e.exact ? r.xf : nullptr, T, m.policy_rows, r.qkv, l, "q|k|v", !e.prof.on, &qkv_raw,
+                   nullptr, nullptr, e.exact ? nullptr : &qkv_split));
   PROF(GLMRT_PROF_QKV);
   glmk::QkRopeArgs q;
-  q.qkv = r.qkv;
+  q.qkv = qkv_split.splits > 1 ? r.lin_parts : r.qkv;
+  q.qkv_splits = qkv_split.splits;
+  q.qkv_split_stride = qkv_split.stride;
   q.T = T;
   q.n_q_heads = d.nq_l;
   q.n_kv_heads = d.nkv_l;
@@ -978,10 +1046,14 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   // an H100 moved 178 MB per layer through that norm (h and delta in, h, the
   // router's FP32 rows and the FP8 rows out, 60 us at 77% of DRAM). With TP
   // the partial products are all-reduced first, so they stay apart.
+  // Also on one GPU only: o_proj's K splits left apart for that norm to sum.
   const bool o_acc = e.tp == 1 && !e.exact;
+  SplitOut o_split;
   GLMRT_TRY(linear(r, L.o, L.o_scale, nullptr, d.H, ko, r.xq, r.xs, e.exact ? r.attn : nullptr, T,
                    m.policy_rows, r.delta, l, "o_proj", !e.prof.on, nullptr, o_acc ? r.h : nullptr,
-                   &r.o_in_h));
+                   &r.o_in_h, o_acc ? &o_split : nullptr));
+  r.o_splits = o_split.splits;
+  r.o_split_stride = o_split.stride;
   PROF(GLMRT_PROF_O_PROJ);
   return GLMRT_OK;
 }
@@ -1015,7 +1087,8 @@ glmk::RouterArgs router_args(const Engine& e, const Rank& r, int l, const Meta& 
 // norm; kernels.h): one token on one GPU on the FP8 path, where the layer's
 // combine feeds the next layer's norm. At batch 1 those were seven launches.
 bool moe_one_launch(const Engine& e, const Rank& r, int l, const Meta& m) {
-  return r.moe_t1_ws && !e.exact && m.rows == 1 && m.policy_rows == 1 && combine_feeds_norm(e, l) &&
+  return r.moe_t1_ws && !e.exact && r.o_splits == 1 && m.rows == 1 && m.policy_rows == 1 &&
+         combine_feeds_norm(e, l) &&
          !shared_dense_mlp(e, m);
 }
 
@@ -1055,6 +1128,11 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   glmk::AddNormArgs n;
   n.h = r.h;
   n.delta = r.o_in_h ? nullptr : r.delta;  // o_proj already added to h (attention_block)
+  if (r.o_splits > 1) {  // o_proj's K-split slices (attention_block), summed here
+    n.delta = r.lin_parts;
+    n.delta_splits = r.o_splits;
+    n.delta_split_stride = r.o_split_stride;
+  }
   n.weight = L.post_norm;
   n.rows = T;
   n.hidden = d.H;

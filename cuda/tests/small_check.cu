@@ -684,6 +684,96 @@ static void check_norm(int H, int rows) {
   }
 }
 
+// delta (AddNormArgs::delta_splits) and qkv (QkRopeArgs::qkv_splits) as a
+// K-split linear's slices, stride past the rows: bit for bit the same kernel on
+// the slices summed on the host in slice order (float adds, no contraction).
+static std::vector<float> slices_with_sum(size_t n, int S, int64_t stride, std::vector<float>& sum) {
+  std::vector<float> sl((size_t)S * stride, std::nanf(""));
+  sum.assign(n, 0.f);
+  for (int s = 0; s < S; ++s)
+    for (size_t i = 0; i < n; ++i) {
+      const float v = randn() * (s == 0 ? 2.f : 0.5f);
+      sl[(size_t)s * stride + i] = v;
+      sum[i] = s == 0 ? v : sum[i] + v;
+    }
+  return sl;
+}
+
+static void check_norm_splits(int H, int rows) {
+  std::vector<float> h0((size_t)rows * H), w(H);
+  for (auto& v : h0) v = randn();
+  for (auto& v : w) v = bf16_round(randu(0.5f, 1.5f));
+  const size_t n = (size_t)rows * H;
+  Dev<float> dw(w);
+  for (int S : {2, 3, 9}) {
+    const int64_t stride = (int64_t)n + 4 * 37;
+    std::vector<float> sum;
+    const std::vector<float> sl = slices_with_sum(n, S, stride, sum);
+    Dev<float> dsl(sl), dsum(sum);
+    size_t bad = 0;
+    for (int vec = 0; vec < 2; ++vec) {
+      Dev<float> h1(h0), h2(h0), y1(n), y2(n), s1(rows), s2(rows);
+      Dev<uint8_t> q1(n), q2(n);
+      y1.poison();
+      y2.poison();
+      s1.poison();
+      s2.poison();
+      q1.poison();
+      q2.poison();
+      AddNormArgs a;
+      a.weight = dw.p;
+      a.rows = rows;
+      a.hidden = H;
+      a.out_f32 = y1.p;
+      a.out_q = q1.p;
+      a.out_scale = s1.p;
+      a.h = h1.p;
+      a.delta = dsum.p;
+      AddNormArgs b = a;
+      b.h = h2.p;
+      b.out_f32 = y2.p;
+      b.out_q = q2.p;
+      b.out_scale = s2.p;
+      b.delta = dsl.p;
+      b.delta_splits = S;
+      b.delta_split_stride = stride;
+      if (!vec) {  // the scalar kernel: out_f32 misaligned by a float
+        a.out_f32 = y1.p + 1;
+        b.out_f32 = y2.p + 1;
+        a.rows = b.rows = rows - 1;
+      }
+      CK(add_rmsnorm(a, 0));
+      CK(add_rmsnorm(b, 0));
+      CK(cudaDeviceSynchronize());
+      bad += count_diff(h1.down(), h2.down()) + count_diff(y1.down(), y2.down()) +
+             count_diff(s1.down(), s2.down());
+      const auto qa = q1.down(), qb = q2.down();
+      for (size_t i = 0; i < n; ++i) bad += qa[i] != qb[i];
+    }
+    report_exact("add_rmsnorm delta slices", fmt("H=%d rows=%d, %d slices = their sum (vec, scalar): %zu differ", H,
+                                                rows, S, bad),
+                 bad);
+  }
+  // Refused: slices without a stride, a stride not a multiple of 4, 0 slices.
+  Dev<float> h(n), d(2 * n);
+  AddNormArgs a;
+  a.h = h.p;
+  a.delta = d.p;
+  a.weight = dw.p;
+  a.rows = rows;
+  a.hidden = H;
+  AddNormArgs b = a;
+  b.delta_splits = 2;
+  bool ok = add_rmsnorm(b, 0) == cudaErrorInvalidValue;
+  b.delta_split_stride = (int64_t)n + 2;
+  ok = ok && add_rmsnorm(b, 0) == cudaErrorInvalidValue;
+  b = a;
+  b.delta_splits = 0;
+  ok = ok && add_rmsnorm(b, 0) == cudaErrorInvalidValue;
+  (void)cudaGetLastError();
+  report_exact("add_rmsnorm slices refused", fmt("H=%d: no stride, stride %% 4, 0 slices", H), ok ? 0 : 1);
+}
+
 // ------------------------------------------------------------ qk rope
 
 static void check_rope(int T, int NH, int NKV, bool f32) {
@@ -847,6 +937,44 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
     const double ev = rel_err(cache_f64(dv.down()), cache_f64(pv.down()));
     report("qk_rope folded epilogue", fmt("T=%d %dq/%dkv %s: q, k cache, v cache vs epilogue kernel", T, NH, NKV, dt),
            std::max(eq, std::max(ek, ev)), f32 ? 1e-6 : 4e-3);
+  }
+  // qkv as K-split slices (QkRopeArgs::qkv_splits): bit for bit the kernel on
+  // their sum; refused with the folded epilogue or a stride below T rows.
+  for (int S : {2, 5, 9}) {
+    const int64_t stride = (int64_t)T * W + 4 * 5;
+    std::vector<float> sum;
+    const std::vector<float> sl = slices_with_sum((size_t)T * W, S, stride, sum);
+    Dev<float> dsl(sl), dsum(sum);
+    QkRopeArgs e1 = a, e2 = a;
+    e1.qkv = dsum.p;
+    e1.q_out = pq.p;
+    e1.k_cache = pk.p;
+    e1.v_cache = pv.p;
+    e2.qkv = dsl.p;
+    e2.qkv_splits = S;
+    e2.qkv_split_stride = stride;
+    dq.poison();
+    pq.poison();
+    dk.poison();
+    pk.poison();
+    dv.poison();
+    pv.poison();
+    CK(qk_norm_rope_kv_write(e1, 0));
+    CK(qk_norm_rope_kv_write(e2, 0));
+    CK(cudaDeviceSynchronize());
+    const size_t bad = count_diff(dq.down(), pq.down()) + count_diff(dk.down(), pk.down()) +
+                       count_diff(dv.down(), pv.down());
+    report_exact("qk_rope qkv slices", fmt("T=%d %dq/%dkv %s, %d slices = their sum: %zu differ", T, NH, NKV, dt, S, bad),
+                 bad);
+    if (S == 2) {
+      QkRopeArgs r1 = e2, r2 = e2;
+      r1.x_scale = dqn.p;  // any pointer: the folded epilogue is not for slices
+      r2.qkv_split_stride = (int64_t)T * W - 4;
+      const bool ok = qk_norm_rope_kv_write(r1, 0) == cudaErrorInvalidValue &&
+                      qk_norm_rope_kv_write(r2, 0) == cudaErrorInvalidValue;
+      (void)cudaGetLastError();
+      report_exact("qk_rope slices refused", fmt("T=%d: with x_scale, stride < T rows", T), ok ? 0 : 1);
+    }
   }
 }
 
@@ -2248,6 +2376,8 @@ int main(int argc, char** argv) {
   CKB(cublasSetWorkspace(cb, cublas_ws, 32u << 20));
   if (!only_bench) {
     for (int H : {128, 132, 512, 5120, 6144, 8192, 8196, 130}) check_norm(H, H >= 5120 ? 9 : 5);
+    check_norm_splits(5120, 64);
+    check_norm_splits(512, 7);
     check_rope(9, 12, 1, false);
     check_rope(9, 12, 1, true);
     check_rope(256, 12, 1, false);

@@ -2,7 +2,7 @@
 // the tensor-core weight-streaming FP8 GEMM for decode-sized batches.
 //
 //   stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts]
-//                   [--experts-profile]
+//                   [--experts-profile] [--dense-splits]
 //
 // Correctness (sm_90 only; elsewhere every launch must return
 // cudaErrorNotSupported): random FP8 inputs (any finite E4M3 code), a float64
@@ -88,6 +88,9 @@ struct Case {
   int64_t ldy = 0;
 };
 
+static void check_split_out(const Case& c, const StreamGemmArgs& a0, int total, int64_t ldy,
+                            const std::vector<double>& ref, uint8_t* dX, size_t nx);
+
 static void check_case(const Case& c) {
   const bool grouped = !c.counts.empty();
   const int G = grouped ? c.groups : 1;
@@ -145,6 +148,7 @@ static void check_case(const Case& c) {
   a.Y = dY.p;
   a.ldy = ldy;
   a.max_rows_per_group = grouped ? *std::max_element(c.counts.begin(), c.counts.end()) : c.M;
+  if (g_major == 9) check_split_out(c, a, total, ldy, ref, dX.p, X.size());
   for (int nt : {0, 16, 32, 64, 128}) {
     for (int splits : {1, 3, 0}) {
       StreamTcTuning tu;
@@ -253,6 +257,80 @@ static void check_case(const Case& c) {
   }
 }
 
+// The K splits' slices stored apart (StreamTcTuning::split_stride): their sum
+// in split order against the float64 reference; each slice's columns past N,
+// rows past the written ones and the gap between slices untouched; a repeat
+// bit for bit.
+static void check_split_out(const Case& c, const StreamGemmArgs& a0, int total, int64_t ldy,
+                            const std::vector<double>& ref, uint8_t* dX, size_t nx) {
+  const int KT = c.K / 128;
+  const int64_t stride = (int64_t)std::max(1, c.M) * ldy + 8;
+  for (int S : {2, 3, KT}) {
+    if (S < 2 || S > KT || (S == KT && KT <= 3)) continue;
+    for (int nt : {0, 16, 64}) {
+      Dev<float> dY((size_t)S * stride);
+      StreamGemmArgs a = a0;
+      a.Y = dY.p;
+      StreamTcTuning tu;
+      tu.token_tile = nt;
+      tu.splits = S;
+      tu.split_stride = stride;
+      const std::string detail = fmt("%s tile %s, %d slices", c.name.c_str(), nt ? fmt("%d", nt).c_str() : "auto", S);
+      dY.poison();
+      const cudaError_t e = gemm_fp8_stream_tc(a, StreamTcWorkspace{}, tu, nullptr);
+      if (e != cudaSuccess) {
+        report("stream_tc slices launch", detail + " " + cudaGetErrorString(e), 1, 0);
+        continue;
+      }
+      CK(cudaDeviceSynchronize());
+      const std::vector<float> y = dY.down();
+      std::vector<double> out((size_t)total * c.N);
+      size_t outside = 0;
+      for (int r = 0; r < std::max(1, c.M); ++r)
+        for (int64_t n = 0; n < ldy; ++n) {
+          float sum = 0.f;
+          for (int sl = 0; sl < S; ++sl) {
+            const float v = y[(size_t)sl * stride + (size_t)r * ldy + n];
+            if (r < total && n < c.N) sum = sl == 0 ? v : sum + v;
+            else if (!std::isnan(v)) ++outside;
+          }
+          if (r < total && n < c.N) out[(size_t)r * c.N + n] = sum;
+        }
+      for (int sl = 0; sl < S; ++sl)
+        for (int64_t g = stride - 8; g < stride; ++g) outside += !std::isnan(y[(size_t)sl * stride + g]);
+      report("stream_tc slices", detail, rel_err(out, ref), 1e-3);
+      if (outside) report("stream_tc slices untouched", detail, (double)outside, 0);
+      if (nt == 0) {
+        CK(gemm_fp8_stream_tc(a, StreamTcWorkspace{}, tu, nullptr));
+        CK(cudaDeviceSynchronize());
+        const std::vector<float> y2 = dY.down();
+        report("stream_tc slices repeat", detail + " bit for bit",
+               memcmp(y.data(), y2.data(), y.size() * sizeof(float)) == 0 ? 0 : 1, 0);
+        // Programmatic dependent launch (dense: the first weight stages' TMAs
+        // issued before griddepcontrol.wait) right after a kernel that
+        // restores X from poison: the same bits.
+        Dev<uint8_t> Xsrc(nx);
+        CK(cudaMemcpy(Xsrc.p, dX, nx, cudaMemcpyDeviceToDevice));
+        CK(cudaMemset(dX, 0x7f, nx));  // NaN codes
+        dY.poison();
+        StreamGemmArgs p = a;
+        p.pdl = 1;
+        cudaStream_t ps;
+        CK(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
+        CK(cudaDeviceSynchronize());
+        restore_inputs_kernel<<<64, 256, 0, ps>>>(dX, Xsrc.p, nx, nullptr, nullptr, 0, 20000);
+        CK(cudaGetLastError());
+        CK(gemm_fp8_stream_tc(p, StreamTcWorkspace{}, tu, ps));
+        CK(cudaStreamSynchronize(ps));
+        CK(cudaStreamDestroy(ps));
+        const std::vector<float> y3 = dY.down();
+        report("stream_tc slices pdl", detail + " bit for bit",
+               memcmp(y.data(), y3.data(), y.size() * sizeof(float)) == 0 ? 0 : 1, 0);
+      }
+    }
+  }
+}
+
 static std::vector<int> spread(int G, int rows, std::vector<int> empty) {
   std::vector<int> c(G, 0);
   std::vector<int> live;
@@ -341,6 +419,18 @@ static void check_invalid() {
   b = a;
   b.groups = 2;
   expect_invalid("groups 2 without offsets", b, {});
+  t = {};
+  t.splits = 2;
+  t.split_stride = (int64_t)a.M * a.ldy - 1;
+  expect_invalid("slices overlapping (stride < M * ldy)", a, t);
+  t.split_stride = (int64_t)a.M * a.ldy;
+  t.splits = 0;
+  expect_invalid("slices without a split count", a, t);
+  t.splits = 3;  // K 256: 2 stages
+  expect_invalid("more slices than K stages", a, t);
+  t.splits = 2;
+  t.split_stride = -1;
+  expect_invalid("negative stride", a, t);
 }
 
 static __global__ void fill_fp8_kernel(uint8_t* p, size_t n, uint64_t seed) {
@@ -555,6 +645,97 @@ static void bench(const LtGemm& lt) {
   }
 }
 
+// --dense-splits: q|k|v and o_proj at 16-256 rows as K-split slices
+// (StreamTcTuning::split_stride: no counter, the next kernel sums them) for
+// every split count, next to the runtime's cuBLASLt calls (q|k|v: the plain
+// FP8 GEMM, its epilogue folded into the rope kernel; o_proj: the scaled GEMM
+// adding into h) and the unsplit kernel. Weights rotated over >= 200 MB.
+static void bench_dense_splits(const LtGemm& lt) {
+  const double kHbm = 4.46e12;
+  const int H = 5120, I = 1536, MMAX = 256;
+  Dev<uint8_t> X((size_t)MMAX * H);
+  Dev<float> xs(MMAX), Y((size_t)2 << 20), acc((size_t)MMAX * H);
+  fill_fp8_kernel<<<1024, 256>>>(X.p, X.n, rng());
+  CK(cudaGetLastError());
+  xs.up(std::vector<float>(xs.n, 1.f / 448));
+  acc.zero();
+  auto graph_us = [&](auto launch) { return 1e3 * graph_replay_ms(launch, 20, 20, 3, 3) / 20; };
+  printf("\ndense-splits: us per call (20 per CUDA graph), %% of 4.46 TB/s on weight bytes; slices S: K splits stored apart\n");
+  struct Shape {
+    const char* name;
+    int N, K;
+    bool bias;
+  };
+  const Shape dense[] = {{"q|k|v", 1792, H, true}, {"o_proj", H, I, false}};
+  for (const Shape& sh : dense) {
+    const size_t wb = (size_t)sh.N * sh.K;
+    const int copies = (int)std::max<size_t>(2, (200u << 20) / wb + 1);
+    Dev<uint8_t> W(wb * copies);
+    Dev<float> wsc((size_t)sh.N * copies), bias(sh.N);
+    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
+    CK(cudaGetLastError());
+    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
+    bias.zero();
+    const int KT = sh.K / 128;
+    for (int M : {16, 32, 64, 96, 128, 192, 256}) {
+      StreamGemmArgs a;
+      a.X = X.p;
+      a.x_scale = xs.p;
+      a.bias = sh.bias ? bias.p : nullptr;
+      a.M = M;
+      a.N = sh.N;
+      a.K = sh.K;
+      a.Y = Y.p;
+      a.ldy = sh.N;
+      a.max_rows_per_group = M;
+      auto at = [&](int i) {
+        const int cp = i % copies;
+        a.W = W.p + (size_t)cp * wb;
+        a.w_scale = wsc.p + (size_t)cp * sh.N;
+      };
+      auto pct = [&](float us) { return 100 * (double)wb / (us * 1e-6) / kHbm; };
+      const float lt_us = graph_us([&](int i, cudaStream_t s) {
+        at(i);
+        if (!sh.bias) {
+          bool unsupported = false;
+          CKS(lt_gemm_fp8_scaled(lt, a.W, a.X, acc.p, M, sh.N, sh.K, a.x_scale, a.w_scale, nullptr, &unsupported, s,
+                                 true));
+          if (!unsupported) return;
+        }
+        CKS(lt_gemm_fp8(lt, a.W, a.X, a.Y, M, sh.N, sh.K, s));
+      });
+      const float one = graph_us([&](int i, cudaStream_t s) {
+        at(i);
+        CK(gemm_fp8_stream_tc(a, StreamTcWorkspace{}, StreamTcTuning{}, s));
+      });
+      printf("%-7s M %3d tile %3d | lt %6.2f (%3.0f%%) | unsplit %6.2f (%3.0f%%) | slices:", sh.name, M,
+             gemm_fp8_stream_tc_token_tile(a), lt_us, pct(lt_us), one, pct(one));
+      float best = 1e30f;
+      int best_s = 0, best_nt = 0;
+      for (int nt : {0, 64}) {
+        if (nt == 64 && M <= 64) continue;
+        if (nt == 64) printf(" | tile 64:");
+        for (int S : {2, 3, 4, 5, 6, 8, 9, 10, 12, 16}) {
+          if (S > KT || (int64_t)S * M * sh.N > (int64_t)Y.n) continue;
+          StreamTcTuning tu;
+          tu.token_tile = nt;
+          tu.splits = S;
+          tu.split_stride = (int64_t)M * sh.N;
+          const float us = graph_us([&](int i, cudaStream_t s) {
+            at(i);
+            CK(gemm_fp8_stream_tc(a, StreamTcWorkspace{}, tu, s));
+          });
+          printf(" %d:%.2f", S, us);
+          if (us < best) best = us, best_s = S, best_nt = nt;
+        }
+      }
+      printf(" | best S %d tile %s %.2f (%.0f%%), lt/best %.2fx\n", best_s, best_nt ? "64" : "auto", best, pct(best),
+             lt_us / best);
+      fflush(stdout);
+    }
+  }
+}
+
 // --experts: the routed experts' GEMMs as the runtime runs them past 8 rows,
 // with the shared expert as a 21st group of every token's row up to 128 rows,
 // weights rotated over >= 400 MB, in every token tile (step.cu's
@@ -700,7 +881,7 @@ static void lt_sweep(const LtGemm& lt0) {
 
 int main(int argc, char** argv) {
   uint64_t seed = 1;
-  bool do_bench = false, only_bench = false, do_lt_sweep = false;
+  bool do_bench = false, only_bench = false, do_lt_sweep = false, do_dense_splits = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 10);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
@@ -710,12 +891,14 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--experts")) {
       bench_experts();
       return 0;
+    } else if (!strcmp(argv[i], "--dense-splits")) {
+      do_dense_splits = only_bench = true;
     } else if (!strcmp(argv[i], "--experts-profile")) {
       bench_experts(true);
       return 0;
     }
     else {
-      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts] [--experts-profile]\n");
+      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts] [--experts-profile] [--dense-splits]\n");
       return 2;
     }
   }
@@ -730,7 +913,7 @@ int main(int argc, char** argv) {
     check_all();
     check_invalid();
   }
-  if ((do_bench || do_lt_sweep) && g_major == 9) {
+  if ((do_bench || do_lt_sweep || do_dense_splits) && g_major == 9) {
     LtGemm lt;
     if (cublasLtCreate(&lt.handle) != CUBLAS_STATUS_SUCCESS) {
       fprintf(stderr, "cublasLtCreate failed\n");
@@ -739,6 +922,7 @@ int main(int argc, char** argv) {
     lt.workspace_bytes = 32u << 20;
     CK(cudaMalloc(&lt.workspace, lt.workspace_bytes));
     if (do_bench) bench(lt);
+    if (do_dense_splits) bench_dense_splits(lt);
     if (do_lt_sweep) lt_sweep(lt);
     cublasLtDestroy(lt.handle);
     CK(cudaFree(lt.workspace));
