@@ -24,7 +24,7 @@ counts them). Output dtype FP32 when _scaled_mm takes it with row-wise scales, e
 
     gemm  M  per_expert_ms  TFLOP/s  dense_ms  TFLOP/s  out
 
-    python3 scripts/peer_grouped_gemm.py [--reps N] [--ms M,M,...] [--json OUT]
+    python3 scripts/peer_grouped_gemm.py [--reps N] [--ms M,M,...] [--shapes a,b,...] [--json OUT]
 """
 import argparse
 import json
@@ -34,6 +34,10 @@ import torch
 
 E = 20
 SHAPES = [("gate|up", 3072, 5120), ("down", 5120, 1536)]
+# --shapes may also name the dense attention linears of a rank (their "dense"
+# column is the peer of `stream_tc_check --dense-splits`; "per-expert" is
+# meaningless for them).
+ALL_SHAPES = SHAPES + [("q|k|v", 1792, 5120), ("o_proj", 5120, 1536)]
 MS = [512, 1024, 2048, 4096, 8192, 16384]
 ROTATE_BYTES = 200e6
 
@@ -77,16 +81,25 @@ def main():
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--json")
     ap.add_argument("--ms", help="comma-separated row counts (default: %s)" % ",".join(map(str, MS)))
+    ap.add_argument("--shapes", help="comma-separated among %s (default: the first two)"
+                    % ",".join(n for n, _, _ in ALL_SHAPES))
     args = ap.parse_args()
     ms = [int(v) for v in args.ms.split(",")] if args.ms else MS
+    shapes = SHAPES
+    if args.shapes:
+        by_name = {n: (n, N, K) for n, N, K in ALL_SHAPES}
+        unknown = [n for n in args.shapes.split(",") if n not in by_name]
+        if unknown:
+            ap.error("unknown shape(s): %s" % ",".join(unknown))
+        shapes = [by_name[n] for n in args.shapes.split(",")]
     dev = "cuda"
     torch.manual_seed(0)
     out_dtype = pick_out_dtype(dev)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, out {out_dtype}")
     print(f"{'gemm':8s} {'M':>6s} | {'expert ms':>9s} {'TFLOP/s':>8s} | {'dense ms':>9s} {'TFLOP/s':>8s}")
     rows = []
-    x_all = rand_fp8((max(ms) + 16 * E, max(k for _, _, k in SHAPES)), dev)
-    for name, N, K in SHAPES:
+    x_all = rand_fp8((max(ms) + 16 * E, max(k for _, _, k in shapes)), dev)
+    for name, N, K in shapes:
         wbytes = E * N * K
         copies = max(1, int(-(-ROTATE_BYTES // wbytes)))
         W = [rand_fp8((E, N, K), dev) for _ in range(copies)]

@@ -6,11 +6,11 @@
 // past 8 rows a step (H200, 20 rank experts at top-1: 80-84% of HBM from 16
 // to 128 tokens where gemm_fp8_stream reaches 69-77%) and for their down
 // projection where the shared expert is a group and from 192 rows (65-72%,
-// in narrower token tiles than gate|up's: step.cu down_token_tile). Measured
-// and not used (stream_tc_check --bench): the dense decode linears (q|k|v,
-// o_proj, the shared expert as a dense MLP), whose 14-40
-// weight blocks leave most SMs idle without a K split, and whose K splits cost
-// more than they share out (below); cuBLASLt stays ahead there past 16 rows.
+// in narrower token tiles than gate|up's: step.cu down_token_tile), and for
+// q|k|v and o_proj at 9-64 rows in K splits stored apart (below). The dense
+// decode linears' 14-40 weight blocks leave most SMs idle without a K split,
+// and K splits summed here (the workspace below) cost more than they share
+// out; stored apart, the next kernel sums them (step.cu split_out_plan).
 //
 // A CTA is one producer warpgroup and two consumer warpgroups. The CTAs are
 // persistent (at most one per SM) and stride over work units: a unit is one
@@ -33,11 +33,20 @@
 // replay, finds it zero). The split boundaries depend only on K and S, so a
 // launch reproduces itself bit for bit.
 //
+// Split K stored apart (StreamTcTuning::split_stride): split s writes its
+// scaled product (split 0 adds the bias) to its own slice of Y, with the
+// unsplit epilogue; the kernel that reads Y sums the S slices in order. No
+// workspace, counter or fence: each CTA's epilogue is its stores.
+//
 // With StreamGemmArgs::pdl the kernel is launched with programmatic dependent
-// launch and prefetches prefetch_group's weights into L2 before waiting for
-// the kernel before (tested in stream_tc_check; the runtime does not use it:
-// with the shared expert's weights prefetched under the router, decode steps
-// of 16-64 rows were no faster on an H100, batch 64 1.9% slower).
+// launch. Dense: each CTA issues its first unit's weight TMAs (up to the
+// ring's stages) before waiting for the kernel before, whose output (X) it
+// reads only after; the runtime does this for the stored-apart splits of
+// q|k|v and o_proj. Grouped (the units follow the router's offsets): it
+// prefetches prefetch_group's weights into L2 before waiting (tested in
+// stream_tc_check; the runtime does not use it: with the shared expert's
+// weights prefetched under the router, decode steps of 16-64 rows were no
+// faster on an H100, batch 64 1.9% slower).
 #include <algorithm>
 #include <atomic>
 

@@ -576,6 +576,11 @@ constexpr int kDownStreamTcMinRows = 192;
 // 14 and o_proj's 40 weight blocks of 128 rows left most of the 132 SMs idle
 // (20-33% of HBM on cuBLASLt and unsplit alike, docs/perf.md), and a split
 // summed inside the GEMM cost each unit a fence and a counter's round trip.
+// Launched early, each CTA's weights requested under the kernel before. H200
+// (2026-11-28, rank share, 2k context, A/B, ms): batch 16 12.57 -> 12.33, 32
+// 15.93 -> 15.77, 48 17.87 -> 17.27, 64 18.6 -> 18.17 (a layer's q|k|v 6.5 ->
+// 5.1 us, o_proj 8.4 -> 4.7). Past 64 rows cuBLASLt stays: q|k|v in 64-row
+// tiles and 2-4 splits made batch 128-256 0.5-1% slower.
 constexpr int kSplitOutMaxRows = 64;
 // K stages (128 bytes each) a split streams at least.
 constexpr int kSplitOutMinStages = 3;
