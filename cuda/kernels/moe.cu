@@ -216,12 +216,12 @@ struct RfShape {
 
 __host__ __device__ inline int rf_rm(int T) { return T <= 1 ? 1 : T <= 4 ? 2 : T <= 16 ? 4 : 8; }
 // Partial-logit capacity of a workspace for T tokens, in rows of E floats:
-// non-decreasing in T and constant from T = 256 on (2048 rows), so a workspace
+// non-decreasing in T and constant from T = 256 on (4096 rows), so a workspace
 // sized for any T_max serves every T <= min(T_max, kRouterFusedMaxT); the plan
 // keeps n_ks * T within it.
 inline int64_t rf_partial_rows(int T) {
   const int64_t t = T < 256 ? T : 256;
-  const int64_t a = 32 * (t < 16 ? t : 16), b = 8 * t;
+  const int64_t a = 32 * (t < 16 ? t : 16), b = 16 * t;
   return a > b ? a : b;
 }
 // Workspace: [0] the token-tile completion counter, [1 .. kRfMaxTiles] one
@@ -583,10 +583,17 @@ RfShape rf_plan(int T, int E, int H, int num_sms, int max_tile_ctas, int rm = 0)
   s.n_et = (et4 + s.WN - 1) / s.WN;
   const int steps = (H + 127) / 128;  // 128-float steps of a warp along K
   // At most two CTAs per SM (one wave at two resident CTAs per SM); at most
-  // 64 / RM splits (bounds the partials the selecting CTA sums) and no more
-  // than there are K steps. Rounding the steps per warp up only lowers n_ks.
+  // 64 / RM splits (bounds the partials the selecting CTA sums; 128 / RM with
+  // 8-token tiles) and no more than there are K steps. Rounding the steps per
+  // warp up only lowers n_ks. With 8-token tiles (17-256 tokens) 16 splits
+  // rather than 8: each warp's K loop, a chain of L2 round trips, 3 steps
+  // instead of 5 (H200, E = 20, small_check --bench: T = 64 11.31 -> 10.17 us,
+  // 128 11.60 -> 10.92; decode step, rank share, 2k context, A/B, ms: batch
+  // 32 15.73 -> 15.57, 64 18.07 -> 17.93, 128 21.13 -> 21.0). Not with 4-token
+  // tiles: 32 splits instead of 16 made batch 8 9.05 -> 9.24 ms.
   int ks = 2 * num_sms / (s.n_tt * s.n_et);
-  const int ks_cap = (kRfMaxKs < 64 / s.RM ? kRfMaxKs : 64 / s.RM);
+  const int ks_rm = s.RM >= 8 ? 128 / s.RM : 64 / s.RM;
+  const int ks_cap = kRfMaxKs < ks_rm ? kRfMaxKs : ks_rm;
   const int ks_steps = (steps + s.WK - 1) / s.WK;
   const int64_t ks_ws = rf_partial_rows(T) / T;  // the workspace's room
   if (ks > ks_cap) ks = ks_cap;

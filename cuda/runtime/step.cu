@@ -647,25 +647,6 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
            layer, what, M, N, K);
     return GLMRT_OK;
   }
-  // The streaming kernel beats cuBLASLt only up to 8 rows (docs/perf.md); past
-  // that, the tensor-core streaming kernel (no bias, up to
-  // kStreamTcDenseMaxRows) or cuBLASLt, when their 16-byte alignment holds.
-  if (P <= kStreamMaxRows || N % 16 != 0 || K % 16 != 0) {
-    glmk::StreamGemmArgs a = dense;
-    a.bias = bias;
-    a.X = X;
-    a.x_scale = xs;
-    a.max_rows_per_group = std::min(P, 64);
-    a.ksplit = P <= 64 ? glmk::gemm_fp8_stream_splits(P, N, K, r.num_sms) : 1;
-    a.ws = r.split_ws;
-    // Programmatic dependent launch: the weights start streaming while the
-    // kernel before (which triggers its dependents early) finishes. Not under
-    // profiling, whose event nodes sit between the kernels.
-    a.pdl = pdl ? 1 : 0;
-    KCHECK(glmk::gemm_fp8_stream(a, r.stream), "layer %d %s: gemm_fp8_stream M=%d N=%d K=%d", layer,
-           what, M, N, K);
-    return GLMRT_OK;
-  }
   if (split) {
     const int S = split_out_plan(r, M, P, N, K);
     if (S > 1) {
@@ -687,6 +668,25 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
       split->stride = tu.split_stride;
       return GLMRT_OK;
     }
+  }
+  // The streaming kernel beats cuBLASLt only up to 8 rows (docs/perf.md); past
+  // that, the tensor-core streaming kernel (no bias, up to
+  // kStreamTcDenseMaxRows) or cuBLASLt, when their 16-byte alignment holds.
+  if (P <= kStreamMaxRows || N % 16 != 0 || K % 16 != 0) {
+    glmk::StreamGemmArgs a = dense;
+    a.bias = bias;
+    a.X = X;
+    a.x_scale = xs;
+    a.max_rows_per_group = std::min(P, 64);
+    a.ksplit = P <= 64 ? glmk::gemm_fp8_stream_splits(P, N, K, r.num_sms) : 1;
+    a.ws = r.split_ws;
+    // Programmatic dependent launch: the weights start streaming while the
+    // kernel before (which triggers its dependents early) finishes. Not under
+    // profiling, whose event nodes sit between the kernels.
+    a.pdl = pdl ? 1 : 0;
+    KCHECK(glmk::gemm_fp8_stream(a, r.stream), "layer %d %s: gemm_fp8_stream M=%d N=%d K=%d", layer,
+           what, M, N, K);
+    return GLMRT_OK;
   }
   // Up to kStreamTcDenseMaxRows rows on sm_90, a linear without a bias (o_proj, the shared
   // expert, the dense MLP) streams through the tensor-core kernel, whose

@@ -353,6 +353,7 @@ static void check_all() {
     cases.push_back(c);
   };
   dense("dense M1 N128 K128", 1, 128, 128, false);
+  dense("dense M4 N1792 K5120 bias", 4, 1792, 5120, true);
   dense("dense M9 N1792 K1024 bias", 9, 1792, 1024, true);
   dense("dense M33 N200 K384 ldy264", 33, 200, 384, false, 264);
   dense("dense M64 N512 K1536", 64, 512, 1536, true);
