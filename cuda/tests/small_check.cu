@@ -887,6 +887,22 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
                bad_c + (written != (size_t)n_valid * NKV * D));
   report("qk_rope q vs f64", fmt("T=%d %dq/%dkv, pos up to 202751", T, NH, NKV), rel_err(oq, rq), 2e-6);
 
+  // Runs e1 into the second set of outputs (pq, pk, pv) and e2 into the first
+  // (as set in a), every output poisoned first.
+  auto run_pair = [&](QkRopeArgs e1, const QkRopeArgs& e2) {
+    e1.q_out = pq.p;
+    e1.k_cache = pk.p;
+    e1.v_cache = pv.p;
+    dq.poison();
+    pq.poison();
+    dk.poison();
+    pk.poison();
+    dv.poison();
+    pv.poison();
+    CK(qk_norm_rope_kv_write(e1, 0));
+    CK(qk_norm_rope_kv_write(e2, 0));
+    CK(cudaDeviceSynchronize());
+  };
   // The GEMM's epilogue folded in (x_scale / w_scale / bias set, qkv unscaled)
   // against gemm_fp8_epilogue followed by the plain kernel: same q and cache.
   {
@@ -900,22 +916,11 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
     CK(gemm_fp8_epilogue(draw.p, 1, T, W, dxs.p, dws.p, dbias.p, dscaled.p, W, 0));
     QkRopeArgs e1 = a, e2 = a;
     e1.qkv = dscaled.p;
-    e1.q_out = pq.p;
-    e1.k_cache = pk.p;
-    e1.v_cache = pv.p;
     e2.qkv = draw.p;
     e2.x_scale = dxs.p;
     e2.w_scale = dws.p;
     e2.bias = dbias.p;
-    dq.poison();
-    pq.poison();
-    dk.poison();
-    pk.poison();
-    dv.poison();
-    pv.poison();
-    CK(qk_norm_rope_kv_write(e1, 0));
-    CK(qk_norm_rope_kv_write(e2, 0));
-    CK(cudaDeviceSynchronize());
+    run_pair(e1, e2);
     auto as_f64 = [&](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
     auto cache_f64 = [&](const std::vector<uint16_t>& c) {
       std::vector<double> out;
@@ -947,21 +952,10 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
     Dev<float> dsl(sl), dsum(sum);
     QkRopeArgs e1 = a, e2 = a;
     e1.qkv = dsum.p;
-    e1.q_out = pq.p;
-    e1.k_cache = pk.p;
-    e1.v_cache = pv.p;
     e2.qkv = dsl.p;
     e2.qkv_splits = S;
     e2.qkv_split_stride = stride;
-    dq.poison();
-    pq.poison();
-    dk.poison();
-    pk.poison();
-    dv.poison();
-    pv.poison();
-    CK(qk_norm_rope_kv_write(e1, 0));
-    CK(qk_norm_rope_kv_write(e2, 0));
-    CK(cudaDeviceSynchronize());
+    run_pair(e1, e2);
     const size_t bad = count_diff(dq.down(), pq.down()) + count_diff(dk.down(), pk.down()) +
                        count_diff(dv.down(), pv.down());
     report_exact("qk_rope qkv slices", fmt("T=%d %dq/%dkv %s, %d slices = their sum: %zu differ", T, NH, NKV, dt, S, bad),

@@ -91,6 +91,27 @@ struct Case {
 static void check_split_out(const Case& c, const StreamGemmArgs& a0, int total, int64_t ldy,
                             const std::vector<double>& ref, uint8_t* dX, size_t nx);
 
+// Y as a launch left it (S slices `stride` floats apart; S = 1: Y itself),
+// rows [0, max(1, M)) of ldy: the written part (rows < total, columns < N),
+// the slices summed in order, into out [total][N]; returns how many values
+// outside it are not the NaN poison.
+static size_t gather_output(const std::vector<float>& y, int S, int64_t stride, int M, int total, int N,
+                            int64_t ldy, std::vector<double>& out) {
+  out.assign((size_t)total * N, 0.0);
+  size_t outside = 0;
+  for (int r = 0; r < std::max(1, M); ++r)
+    for (int64_t n = 0; n < ldy; ++n) {
+      float sum = 0.f;
+      for (int sl = 0; sl < S; ++sl) {
+        const float v = y[(size_t)sl * stride + (size_t)r * ldy + n];
+        if (r < total && n < N) sum = sl == 0 ? v : sum + v;
+        else if (!std::isnan(v)) ++outside;
+      }
+      if (r < total && n < N) out[(size_t)r * N + n] = sum;
+    }
+  return outside;
+}
+
 static void check_case(const Case& c) {
   const bool grouped = !c.counts.empty();
   const int G = grouped ? c.groups : 1;
@@ -169,14 +190,8 @@ static void check_case(const Case& c) {
       }
       CK(cudaDeviceSynchronize());
       const std::vector<float> y = dY.down();
-      std::vector<double> out((size_t)total * c.N);
-      size_t outside = 0;
-      for (int r = 0; r < std::max(1, c.M); ++r)
-        for (int64_t n = 0; n < ldy; ++n) {
-          const float v = y[(size_t)r * ldy + n];
-          if (r < total && n < c.N) out[(size_t)r * c.N + n] = v;
-          else if (!std::isnan(v)) ++outside;  // poison is NaN
-        }
+      std::vector<double> out;
+      const size_t outside = gather_output(y, 1, 0, c.M, total, c.N, ldy, out);
       report("stream_tc", detail, rel_err(out, ref), 1e-3);
       if (outside) report("stream_tc untouched", detail, (double)outside, 0);
       const std::vector<int> cnt = big.counters.down();
@@ -284,18 +299,8 @@ static void check_split_out(const Case& c, const StreamGemmArgs& a0, int total, 
       }
       CK(cudaDeviceSynchronize());
       const std::vector<float> y = dY.down();
-      std::vector<double> out((size_t)total * c.N);
-      size_t outside = 0;
-      for (int r = 0; r < std::max(1, c.M); ++r)
-        for (int64_t n = 0; n < ldy; ++n) {
-          float sum = 0.f;
-          for (int sl = 0; sl < S; ++sl) {
-            const float v = y[(size_t)sl * stride + (size_t)r * ldy + n];
-            if (r < total && n < c.N) sum = sl == 0 ? v : sum + v;
-            else if (!std::isnan(v)) ++outside;
-          }
-          if (r < total && n < c.N) out[(size_t)r * c.N + n] = sum;
-        }
+      std::vector<double> out;
+      size_t outside = gather_output(y, S, stride, c.M, total, c.N, ldy, out);
       for (int sl = 0; sl < S; ++sl)
         for (int64_t g = stride - 8; g < stride; ++g) outside += !std::isnan(y[(size_t)sl * stride + g]);
       report("stream_tc slices", detail, rel_err(out, ref), 1e-3);
@@ -484,6 +489,43 @@ static StreamGemmArgs grouped_args(const uint8_t* X, const float* xs, const int*
   return a;
 }
 
+// A dense linear's weights for the benches: N x K FP8 in copies (>= 200 MB in
+// all, so L2 never holds them), scales 1/448, a zero bias; args() the
+// arguments of an M-row call and at() pointing them at copy i % copies.
+struct RotatedDense {
+  int N, K;
+  size_t wb;
+  int copies;
+  Dev<uint8_t> W;
+  Dev<float> wsc, bias;
+  RotatedDense(int n, int k)
+      : N(n), K(k), wb((size_t)n * k), copies((int)std::max<size_t>(2, (200u << 20) / wb + 1)),
+        W(wb * copies), wsc((size_t)n * copies), bias(n) {
+    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
+    CK(cudaGetLastError());
+    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
+    bias.zero();
+  }
+  StreamGemmArgs args(const uint8_t* X, const float* xs, float* Y, int M, bool with_bias) const {
+    StreamGemmArgs a;
+    a.X = X;
+    a.x_scale = xs;
+    a.bias = with_bias ? bias.p : nullptr;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.Y = Y;
+    a.ldy = N;
+    a.max_rows_per_group = M;
+    return a;
+  }
+  void at(StreamGemmArgs& a, int i) const {
+    const int cp = i % copies;
+    a.W = W.p + (size_t)cp * wb;
+    a.w_scale = wsc.p + (size_t)cp * N;
+  }
+};
+
 static void bench(const LtGemm& lt) {
   const double kHbm = 4.46e12;
   const int H = 5120, I = 1536, E = 20, MMAX = 2048;
@@ -507,30 +549,11 @@ static void bench(const LtGemm& lt) {
   const Shape dense[] = {{"q|k|v", 1792, H, true}, {"o_proj", H, I, false}, {"shared g|u", 2 * I, H, false},
                          {"shared down", H, I, false}};
   for (const Shape& sh : dense) {
-    const size_t wb = (size_t)sh.N * sh.K;
-    const int copies = (int)std::max<size_t>(2, (200u << 20) / wb + 1);
-    Dev<uint8_t> W(wb * copies);
-    Dev<float> wsc((size_t)sh.N * copies), bias(sh.N);
-    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
-    CK(cudaGetLastError());
-    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
-    bias.zero();
+    const RotatedDense rd(sh.N, sh.K);
+    const size_t wb = rd.wb;
     for (int M : {16, 32, 64, 128, 256}) {
-      StreamGemmArgs a;
-      a.X = X.p;
-      a.x_scale = xs.p;
-      a.bias = sh.bias ? bias.p : nullptr;
-      a.M = M;
-      a.N = sh.N;
-      a.K = sh.K;
-      a.Y = Y.p;
-      a.ldy = sh.N;
-      a.max_rows_per_group = M;
-      auto at = [&](int i) {
-        const int cp = i % copies;
-        a.W = W.p + (size_t)cp * wb;
-        a.w_scale = wsc.p + (size_t)cp * sh.N;
-      };
+      StreamGemmArgs a = rd.args(X.p, xs.p, Y.p, M, sh.bias);
+      auto at = [&](int i) { rd.at(a, i); };
       const float tc = graph_us([&](int i, cudaStream_t s) {
         at(i);
         CK(gemm_fp8_stream_tc(a, wsp.view(), StreamTcTuning{}, s));
@@ -669,31 +692,12 @@ static void bench_dense_splits(const LtGemm& lt) {
   };
   const Shape dense[] = {{"q|k|v", 1792, H, true}, {"o_proj", H, I, false}};
   for (const Shape& sh : dense) {
-    const size_t wb = (size_t)sh.N * sh.K;
-    const int copies = (int)std::max<size_t>(2, (200u << 20) / wb + 1);
-    Dev<uint8_t> W(wb * copies);
-    Dev<float> wsc((size_t)sh.N * copies), bias(sh.N);
-    fill_fp8_kernel<<<1024, 256>>>(W.p, W.n, rng());
-    CK(cudaGetLastError());
-    wsc.up(std::vector<float>(wsc.n, 1.f / 448));
-    bias.zero();
+    const RotatedDense rd(sh.N, sh.K);
+    const size_t wb = rd.wb;
     const int KT = sh.K / 128;
     for (int M : {16, 32, 64, 96, 128, 192, 256}) {
-      StreamGemmArgs a;
-      a.X = X.p;
-      a.x_scale = xs.p;
-      a.bias = sh.bias ? bias.p : nullptr;
-      a.M = M;
-      a.N = sh.N;
-      a.K = sh.K;
-      a.Y = Y.p;
-      a.ldy = sh.N;
-      a.max_rows_per_group = M;
-      auto at = [&](int i) {
-        const int cp = i % copies;
-        a.W = W.p + (size_t)cp * wb;
-        a.w_scale = wsc.p + (size_t)cp * sh.N;
-      };
+      StreamGemmArgs a = rd.args(X.p, xs.p, Y.p, M, sh.bias);
+      auto at = [&](int i) { rd.at(a, i); };
       auto pct = [&](float us) { return 100 * (double)wb / (us * 1e-6) / kHbm; };
       const float lt_us = graph_us([&](int i, cudaStream_t s) {
         at(i);
