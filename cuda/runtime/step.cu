@@ -688,8 +688,9 @@ int linear(Rank& r, const uint8_t* W, const float* ws, const float* bias, int N,
            what, M, N, K);
     return GLMRT_OK;
   }
-  // Up to kStreamTcDenseMaxRows rows on sm_90, a linear without a bias (o_proj, the shared
-  // expert, the dense MLP) streams through the tensor-core kernel, whose
+  // Up to kStreamTcDenseMaxRows rows on sm_90, a linear without a bias whose
+  // K splits no kernel after sums (the dense layers' MLP, o_proj with tensor
+  // parallelism) streams unsplit through the tensor-core kernel, whose
   // weight loads carry the L2 evict_first hint (cuBLASLt's cannot, so its
   // ~40 MB per layer flushed what the small kernels keep in L2). In isolation
   // on an H200 (stream_tc_check --bench, 2026-11-25) it also beat cuBLASLt at
