@@ -32,7 +32,7 @@
 #            "1 3"): greedy tokens on/off on every bundled model; demo-go's
 #            acceptance and single-stream speed on/off; time per output token of
 #            the synthetic rank model on/off
-#   ab       the decode step at context 2k, batch {1,4,16,64,128,256} (AB_BATCHES), with each
+#   ab       the decode step at context 2k (AB_CONTEXT), batch {1,4,16,64,128,256} (AB_BATCHES), with each
 #            library of AB_LIBS ("name=path/libglmcuda.so ..."), alternated AB_REPS
 #            times (default 2) on this machine (and with AB_TTFT="2048 ..." the time
 #            to first token of those prompts); a table per library last
@@ -247,7 +247,7 @@ if want ab; then
   for rep in $(seq "${AB_REPS:-2}"); do
     for nl in "${libs[@]}"; do
       name=${nl%%=*}; lib=${nl#*=}
-      GLMCTL_CUDA_LIB="$PWD/${lib#$PWD/}" timeout "$T" "$G" bench "${SYN[@]}" --batches "${AB_BATCHES// /,}" --contexts 2048 \
+      GLMCTL_CUDA_LIB="$PWD/${lib#$PWD/}" timeout "$T" "$G" bench "${SYN[@]}" --batches "${AB_BATCHES// /,}" --contexts "${AB_CONTEXT:-2048}" \
         --steps 20 --warmup-steps 3 --markdown >"$LOG/ab-$name-$rep.md" 2>"$LOG/ab-$name-$rep.err" ||
         fail "bench ab $name $rep FAIL ($(tail -1 "$LOG/ab-$name-$rep.err"))"
     done
@@ -283,7 +283,7 @@ if want ab; then
       printf '| %s |' "$b"
       for nl in "${libs[@]}"; do
         name=${nl%%=*}
-        v=$(for f in "$LOG"/ab-"$name"-*.md; do awk -F'|' -v b="$b" '$2+0==b && $3+0==2048 {gsub(/ /,"",$4); print $4}' "$f"; done | paste -sd/)
+        v=$(for f in "$LOG"/ab-"$name"-*.md; do awk -F'|' -v b="$b" -v c="${AB_CONTEXT:-2048}" '$2+0==b && $3+0==c {gsub(/ /,"",$4); print $4}' "$f"; done | paste -sd/)
         printf ' %s |' "${v:--}"
       done
       echo

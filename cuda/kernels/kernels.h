@@ -670,7 +670,8 @@ cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st);
 
 // Router logits for prefill-sized batches (past router_fused), from the
 // residual rows instead of the normed rows: logits[t, e] = sum_k y[t, k] W[e, k]
-// (FP32 FMAs, a fixed order) with y[t, k] = norm_w[k] * (h[t, k] * rstd[t]),
+// (H % 32 == 0: 3xTF32 tensor-core products summed in FP32, else FP32 FMAs;
+// a fixed order either way) with y[t, k] = norm_w[k] * (h[t, k] * rstd[t]),
 // the very floats add_rmsnorm writes as out_f32 (rstd: its out_rstd; h as it
 // left it, no row_index), so that norm need not write them: at a 2k-token
 // prefill step that is 42 MB written and read again per MoE layer. E <= 32,

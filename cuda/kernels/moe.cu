@@ -966,7 +966,150 @@ __global__ void __launch_bounds__(kRlThreads) router_logits_normed_kernel(
   }
 }
 
+// The same logits on the tensor cores in 3xTF32 (H % 32 == 0): each FP32
+// operand x is split into hi = tf32(x) and lo = tf32(x - hi) and the product
+// taken as hi*hi + hi*lo + lo*hi (the dropped lo*lo is ~2^-22 of it), summed
+// in FP32 by mma.sync m16n8k8 — the FMA kernel above was bound by its own
+// instruction latency (~30 us a CTA, one CTA of 8 warps per SM at 252
+// registers). A CTA takes 16 rows; its 16 warps split K in 32-column chunks
+// (warp w: chunks w, w + 16, ...), the next chunk's rows loaded while this
+// one's are multiplied. In a chunk lane (g, c) holds columns
+// [8c, 8c + 8) of rows g and g + 8 and of experts g + 8n; k-step j pairs
+// column 8c + j (mma k index c) with 8c + 4 + j (k index c + 4), the same
+// columns for A and B, so the chunk's 32 columns are summed in a permuted
+// order. The warps' partial logits are summed in warp order (deterministic).
+constexpr int kRlTcRows = 16;
+constexpr int kRlTcWarps = 16;
+constexpr int kRlTcThreads = 32 * kRlTcWarps;
+
+__device__ __forceinline__ uint32_t tf32_hi(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int NTL>  // 8-expert tiles: E <= 8 * NTL
+__global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kernel(
+    const float* __restrict__ h, const float* __restrict__ norm_w, const float* __restrict__ rstd,
+    const float* __restrict__ W, float* __restrict__ logits, int T, int E, int H) {
+  __shared__ float part[kRlTcWarps][kRlTcRows][8 * NTL];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, c = lane & 3;
+  const int t0 = blockIdx.x * kRlTcRows;
+  // Rows g and g + 8 of the tile; a row past T reads row T - 1 with a zero
+  // factor (y = 0, never stored). Experts past E repeat E - 1 (never stored).
+  const float4* hr[2];
+  float r[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int t = t0 + g + 8 * i;
+    hr[i] = reinterpret_cast<const float4*>(h + (int64_t)min(t, T - 1) * H) + 2 * c;
+    r[i] = t < T ? rstd[t] : 0.f;
+  }
+  const float4* wr[NTL];
+#pragma unroll
+  for (int n = 0; n < NTL; ++n) wr[n] = reinterpret_cast<const float4*>(W + (int64_t)min(g + 8 * n, E - 1) * H) + 2 * c;
+  const float4* nw = reinterpret_cast<const float4*>(norm_w) + 2 * c;
+  float d[NTL][4];
+#pragma unroll
+  for (int n = 0; n < NTL; ++n) d[n][0] = d[n][1] = d[n][2] = d[n][3] = 0.f;
+  const int chunks = H / 32;
+  // The rows (HBM, read once) one chunk ahead; the router and norm weights
+  // (L2-resident) at the chunk. Measured on an H200 (small_check --bench,
+  // 2,048 rows): one chunk ahead in registers they spilled at 128; two chunks
+  // ahead by cp.async into a lane's own shared-memory slots, 79 us against 20.
+  float4 hv[2][2], wv[NTL][2], nv[2];
+  auto load_rows = [&](int k) {  // chunk k's float4 column offset is 8k
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      hv[i][0] = __ldcs(hr[i] + 8 * k);
+      hv[i][1] = __ldcs(hr[i] + 8 * k + 1);
+    }
+  };
+  int k = warp;
+  if (k < chunks) load_rows(k);
+  for (; k < chunks; k += kRlTcWarps) {
+#pragma unroll
+    for (int n = 0; n < NTL; ++n) {
+      wv[n][0] = __ldg(wr[n] + 8 * k);
+      wv[n][1] = __ldg(wr[n] + 8 * k + 1);
+    }
+    nv[0] = __ldg(nw + 8 * k);
+    nv[1] = __ldg(nw + 8 * k + 1);
+    // This chunk's values as 8 floats a row / expert: column 8c + q.
+    float y[2][8], wf[NTL][8];
+    {
+      const float nf[8] = {nv[0].x, nv[0].y, nv[0].z, nv[0].w, nv[1].x, nv[1].y, nv[1].z, nv[1].w};
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float hf[8] = {hv[i][0].x, hv[i][0].y, hv[i][0].z, hv[i][0].w,
+                             hv[i][1].x, hv[i][1].y, hv[i][1].z, hv[i][1].w};
+#pragma unroll
+        for (int q = 0; q < 8; ++q) y[i][q] = nf[q] * (hf[q] * r[i]);  // add_rmsnorm's y, bit for bit
+      }
+#pragma unroll
+      for (int n = 0; n < NTL; ++n) {
+        const float f[8] = {wv[n][0].x, wv[n][0].y, wv[n][0].z, wv[n][0].w,
+                            wv[n][1].x, wv[n][1].y, wv[n][1].z, wv[n][1].w};
+#pragma unroll
+        for (int q = 0; q < 8; ++q) wf[n][q] = f[q];
+      }
+    }
+    if (k + kRlTcWarps < chunks) load_rows(k + kRlTcWarps);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      uint32_t ah[4], al[4];
+      const float av[4] = {y[0][j], y[1][j], y[0][4 + j], y[1][4 + j]};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        ah[q] = tf32_hi(av[q]);
+        al[q] = tf32_hi(av[q] - __uint_as_float(ah[q]));
+      }
+#pragma unroll
+      for (int n = 0; n < NTL; ++n) {
+        const uint32_t bh0 = tf32_hi(wf[n][j]), bh1 = tf32_hi(wf[n][4 + j]);
+        const uint32_t bl0 = tf32_hi(wf[n][j] - __uint_as_float(bh0));
+        const uint32_t bl1 = tf32_hi(wf[n][4 + j] - __uint_as_float(bh1));
+        mma_tf32_16x8x8(d[n], al, bh0, bh1);
+        mma_tf32_16x8x8(d[n], ah, bl0, bl1);
+        mma_tf32_16x8x8(d[n], ah, bh0, bh1);
+      }
+    }
+  }
+  // d[n]: rows g (0, 1) and g + 8 (2, 3), experts 8n + 2c (+1).
+#pragma unroll
+  for (int n = 0; n < NTL; ++n) {
+    part[warp][g][8 * n + 2 * c] = d[n][0];
+    part[warp][g][8 * n + 2 * c + 1] = d[n][1];
+    part[warp][g + 8][8 * n + 2 * c] = d[n][2];
+    part[warp][g + 8][8 * n + 2 * c + 1] = d[n][3];
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < kRlTcRows * E; idx += kRlTcThreads) {
+    const int row = idx / E, e = idx - row * E, t = t0 + row;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kRlTcWarps; ++w) sum += part[w][row][e];
+    if (t < T) logits[(int64_t)t * E + e] = sum;
+  }
+}
+
+bool g_rl_fma_only = false;  // router_logits_normed_force_fma (tests / benches)
+
 }  // namespace
+
+// Test / bench hook (not in kernels.h; small_check declares it): true makes
+// router_logits_normed take the FMA kernel at every H (the tensor-core
+// kernel's peer); false restores the default (tensor cores when H % 32 == 0).
+void router_logits_normed_force_fma(bool on) { g_rl_fma_only = on; }
 
 bool router_logits_normed_supported(int E, int H) { return E >= 1 && E <= 32 && H >= 4 && H % 4 == 0; }
 
@@ -976,6 +1119,18 @@ cudaError_t router_logits_normed(const float* h, const float* norm_w, const floa
   if (!router_logits_normed_supported(E, H) || !h || !norm_w || !rstd || !W || !logits ||
       (uintptr_t)h % 16 || (uintptr_t)norm_w % 16 || (uintptr_t)W % 16)
     return cudaErrorInvalidValue;
+  if (H % 32 == 0 && !g_rl_fma_only) {
+    const int grid = (T + kRlTcRows - 1) / kRlTcRows;
+    if (E <= 8)
+      router_logits_normed_tc_kernel<1><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
+    else if (E <= 16)
+      router_logits_normed_tc_kernel<2><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
+    else if (E <= 24)
+      router_logits_normed_tc_kernel<3><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
+    else
+      router_logits_normed_tc_kernel<4><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
+    return cudaGetLastError();
+  }
   const int grid = (T + kRlRows - 1) / kRlRows;
   if (E <= 8)
     router_logits_normed_kernel<8><<<grid, kRlThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);

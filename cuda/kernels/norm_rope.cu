@@ -387,6 +387,107 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
   }
 }
 
+// Prefill-sized steps: TPC tokens a CTA, one warp a head for all of them. The
+// one-token kernel above kept one 512-byte row a warp in flight, its angle
+// table, the epilogue's scales and the head's norm weights a CTA's whole life
+// (a 2,048-token step ran at ~16% of HBM). Here every token's row of the
+// warp's head is requested at once, and the head's scales, bias and norm
+// weights are loaded once for the CTA's tokens. Same operations per value as
+// qk_rope_kernel (bit for bit); no qkv slices.
+template <int TPC>
+__global__ void __launch_bounds__(kRopeMaxWarps * 32) qk_rope_tokens_kernel(QkRopeArgs a) {
+  pdl_launch_dependents();
+  __shared__ float s_cos[TPC][kRopeMaxHalf], s_sin[TPC][kRopeMaxHalf];
+  const int t0 = blockIdx.x * TPC;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  const int half = a.rot_dim / 2;
+  const int n_all = a.n_q_heads + 2 * a.n_kv_heads;
+  for (int i = threadIdx.x; i < TPC * half; i += blockDim.x) {
+    const int k = i / half, j = i - k * half;
+    const int t = min(t0 + k, a.T - 1);
+    const float ang = (float)a.positions[t] * a.inv_freq[j];
+    float sn, cs;
+    sincosf(ang, &sn, &cs);
+    s_sin[k][j] = sn;
+    s_cos[k][j] = cs;
+  }
+  int slot[TPC];
+  float xs[TPC];
+#pragma unroll
+  for (int k = 0; k < TPC; ++k) {
+    const int t = t0 + k;
+    slot[k] = t < a.T ? a.slots[t] : -1;
+    xs[k] = (a.x_scale && t < a.T) ? a.x_scale[t] : 1.f;
+  }
+  __syncthreads();
+  for (int hd = warp; hd < n_all; hd += nwarps) {
+    const bool is_q = hd < a.n_q_heads;
+    const bool is_k = !is_q && hd < a.n_q_heads + a.n_kv_heads;
+    float4 v[TPC];
+#pragma unroll
+    for (int k = 0; k < TPC; ++k) {
+      const int t = t0 + k;
+      // A padding token (slot < 0) writes q only; a token past T nothing.
+      if (t < a.T && (is_q || slot[k] >= 0))
+        v[k] = reinterpret_cast<const float4*>(a.qkv + ((int64_t)t * n_all + hd) * 128)[lane];
+    }
+    const int n = hd * 128 + lane * 4;
+    float ws[4] = {0.f, 0.f, 0.f, 0.f}, bs[4] = {0.f, 0.f, 0.f, 0.f};
+    if (a.x_scale) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        ws[i] = a.w_scale[n + i];
+        if (a.bias) bs[i] = a.bias[n + i];
+      }
+    }
+    const float* nwp = is_q ? a.q_norm : is_k ? a.k_norm : nullptr;
+    const float4 nw = nwp ? reinterpret_cast<const float4*>(nwp)[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+    const int kvh = is_k ? hd - a.n_q_heads : hd - a.n_q_heads - a.n_kv_heads;
+#pragma unroll
+    for (int k = 0; k < TPC; ++k) {
+      const int t = t0 + k;
+      if (t >= a.T || (!is_q && slot[k] < 0)) continue;  // warp-uniform
+      float4 x = v[k];
+      if (a.x_scale) {  // the GEMM's epilogue, as gemm_fp8_epilogue computes it
+        float e[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          float y = e[i] * xs[k] * ws[i];
+          if (a.bias) y += bs[i];
+          e[i] = y;
+        }
+        x = make_float4(e[0], e[1], e[2], e[3]);
+      }
+      if (is_q || is_k) {
+        if (nwp) x = head_rmsnorm(x, nw, a.eps);
+        x = head_rope(x, lane, half, s_cos[k], s_sin[k]);
+        if (is_q) {
+          reinterpret_cast<float4*>(a.q_out + ((int64_t)t * a.n_q_heads + hd) * 128)[lane] = x;
+          continue;
+        }
+      }
+      const int blk = slot[k] / a.block_size, off = slot[k] % a.block_size;
+      const int64_t elem = (((int64_t)blk * a.n_kv_heads + kvh) * a.block_size + off) * 128 + lane * 4;
+      void* cache = is_k ? a.k_cache : a.v_cache;
+      if (a.kv_f32) {
+        *reinterpret_cast<float4*>(static_cast<float*>(cache) + elem) = x;
+      } else {
+        __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(cache) + elem;
+        reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(x.x, x.y);
+        reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(x.z, x.w);
+      }
+    }
+  }
+}
+
+// Tokens a CTA of qk_norm_rope_kv_write (0: by T; tests force 1, 2, 4 or 8).
+int g_rope_tpc = 0;
+// From this many tokens (and one qkv slice) a CTA takes 4 of them. H200,
+// small_check --bench, 2,048 tokens with the epilogue folded (28.3 MB): 1 a
+// CTA 20.8 us, 2 14.3, 4 13.3 (48% of HBM), 8 17.8.
+constexpr int kRopeTokensMinT = 512;
+
 // One float4 per thread up to 256 of them (whole warps), else 256 threads x NV.
 int norm_vec_per_thread(int hidden) { return (hidden / 4 + kNormThreads - 1) / kNormThreads; }
 int norm_vec_threads(int hidden) {
@@ -464,8 +565,20 @@ cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st) {
     return cudaErrorInvalidValue;
   const int n_heads = a.n_q_heads + 2 * a.n_kv_heads;
   const int warps = n_heads < 1 ? 1 : n_heads < kRopeMaxWarps ? n_heads : kRopeMaxWarps;
-  qk_rope_kernel<<<a.T, warps * 32, 0, st>>>(a);
+  const int tpc = a.qkv_splits > 1 ? 1 : g_rope_tpc > 0 ? g_rope_tpc : a.T >= kRopeTokensMinT ? 4 : 1;
+  if (tpc == 8)
+    qk_rope_tokens_kernel<8><<<(a.T + 7) / 8, warps * 32, 0, st>>>(a);
+  else if (tpc == 4)
+    qk_rope_tokens_kernel<4><<<(a.T + 3) / 4, warps * 32, 0, st>>>(a);
+  else if (tpc == 2)
+    qk_rope_tokens_kernel<2><<<(a.T + 1) / 2, warps * 32, 0, st>>>(a);
+  else
+    qk_rope_kernel<<<a.T, warps * 32, 0, st>>>(a);
   return cudaGetLastError();
 }
+
+// Test / bench hook (not in kernels.h; small_check declares it): tokens a CTA
+// of qk_norm_rope_kv_write — 1 (the one-token kernel), 2, 4 or 8 — or 0 (by T).
+void qk_rope_set_tokens_per_cta(int tpc) { g_rope_tpc = tpc; }
 
 }  // namespace glmk

@@ -770,7 +770,10 @@ constexpr int kSharedGroupedMaxRows = 128;
 
 // Rows a step needs for the MoE router's logits to come from the residual
 // rows (router_logits_normed, see mlp_block) rather than cuBLAS's SGEMM.
-constexpr int kRouterFromHMinRows = 1536;
+#ifndef GLMRT_ROUTER_FROM_H_MIN_ROWS
+#define GLMRT_ROUTER_FROM_H_MIN_ROWS 512
+#endif
+constexpr int kRouterFromHMinRows = GLMRT_ROUTER_FROM_H_MIN_ROWS;
 
 // Whether the routed experts run through gemm_fp8_stream_tc (a few rows per
 // expert past kStreamMaxRows rows a step, on sm_90): gate|up always, down too
@@ -1150,9 +1153,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // From kRouterFromHMinRows rows (prefill steps) the router's logits come
   // from the residual rows and the norm's per-row factors
   // (router_logits_normed): the norm's FP32 output rows are not written and
-  // read back. Below that its CTAs (16 rows each, ~30 us apiece on an H100)
-  // are too few: norm + logits at 512 rows 36.9 us against 30.8 with the
-  // FP32 rows and cuBLAS's SGEMM, at 2,048 62.7 against 73.1 (small_check).
+  // read back. H200, small_check --bench (norm + logits, us): 512 rows 26.5
+  // against 30.1 with the FP32 rows and cuBLAS's SGEMM, 2,048 43.2 against
+  // 60.7 (the FMA form, ~30 us a CTA whatever the grid, kept this at 1,536).
   const bool fused_router = L.moe && !e.exact && glmk::router_fused_supported(m.policy_rows, d.E, d.H);
   const bool router_from_h = L.moe && !e.exact && !fused_router && r.rstd &&
                              m.policy_rows >= kRouterFromHMinRows &&

@@ -50,6 +50,10 @@ struct RouterFusedPlan {
   int cluster, n_tt, n_et, n_ks, kw, grid;
 };
 cudaError_t router_fused_plan(int T, int E, int H, RouterFusedPlan* p);
+// router_logits_normed's FMA kernel at every H (true) or the default (false).
+void router_logits_normed_force_fma(bool on);
+// Tokens a CTA of qk_norm_rope_kv_write: 1, 2, 4, 8, or 0 (by T; norm_rope.cu).
+void qk_rope_set_tokens_per_cta(int tpc);
 }  // namespace glmk
 
 using namespace glmk;
@@ -943,6 +947,46 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
     report("qk_rope folded epilogue", fmt("T=%d %dq/%dkv %s: q, k cache, v cache vs epilogue kernel", T, NH, NKV, dt),
            std::max(eq, std::max(ek, ev)), f32 ? 1e-6 : 4e-3);
   }
+  // Several tokens a CTA (qk_rope_tokens_kernel, prefill-sized steps): q and
+  // both caches bit for bit the one-token kernel's, plain and with the GEMM's
+  // epilogue folded in (scales and bias; padding tokens among them).
+  {
+    std::vector<float> xs(T), ws(W), bias(W);
+    for (auto& v : xs) v = randu(0.5f, 2.f) / 448.f;
+    for (auto& v : ws) v = randu(0.5f, 2.f) / 448.f;
+    for (auto& v : bias) v = randn() * 0.1f;
+    Dev<float> dxs(xs), dws(ws), dbias(bias);
+    QkRopeArgs folded = a;
+    folded.x_scale = dxs.p;
+    folded.w_scale = dws.p;
+    folded.bias = dbias.p;
+    for (int tpc : {2, 4, 8})
+      for (int form = 0; form < 2; ++form) {
+        const QkRopeArgs& base = form ? folded : a;
+        qk_rope_set_tokens_per_cta(1);
+        QkRopeArgs e1 = base;
+        e1.q_out = pq.p;
+        e1.k_cache = pk.p;
+        e1.v_cache = pv.p;
+        dq.poison();
+        pq.poison();
+        dk.poison();
+        pk.poison();
+        dv.poison();
+        pv.poison();
+        CK(qk_norm_rope_kv_write(e1, 0));
+        qk_rope_set_tokens_per_cta(tpc);
+        CK(qk_norm_rope_kv_write(base, 0));
+        qk_rope_set_tokens_per_cta(0);
+        CK(cudaDeviceSynchronize());
+        const size_t bad = count_diff(dq.down(), pq.down()) + count_diff(dk.down(), pk.down()) +
+                           count_diff(dv.down(), pv.down());
+        report_exact("qk_rope tokens a CTA",
+                     fmt("T=%d %dq/%dkv %s, %d a CTA%s vs 1: %zu differ", T, NH, NKV, dt, tpc,
+                         form ? " (epilogue folded)" : "", bad),
+                     bad);
+      }
+  }
   // qkv as K-split slices (QkRopeArgs::qkv_splits): bit for bit the kernel on
   // their sum; refused with the folded epilogue or a stride below T rows.
   for (int S : {2, 5, 9}) {
@@ -1479,13 +1523,19 @@ static void check_router_logits_normed(cublasHandle_t cb) {
     dlog.poison();
     CK(add_rmsnorm(a, 0));
     CK(router_logits_normed(dh.p, dw.p, drs.p, dW.p, dlog.p, T, E, H, 0));
+    // The FMA kernel on the same rows (the default at H % 32 != 0 only).
+    Dev<float> dlog_fma((size_t)(T + 1) * E);
+    dlog_fma.poison();
+    router_logits_normed_force_fma(true);
+    CK(router_logits_normed(dh.p, dw.p, drs.p, dW.p, dlog_fma.p, T, E, H, 0));
+    router_logits_normed_force_fma(false);
     const std::string e = gemm_f32_nt(cb, dy.p, dW.p, dref.p, T, E, H, 0);
     if (!e.empty()) {
       report("router_logits_normed", fmt("T=%d E=%d H=%d: cuBLAS %s", T, E, H, e.c_str()), 1, 0);
       continue;
     }
     CK(cudaDeviceSynchronize());
-    const auto gy = dy.down(), grs = drs.down(), gl = dlog.down(), gr = dref.down();
+    const auto gy = dy.down(), grs = drs.down(), gl = dlog.down(), gr = dref.down(), gf = dlog_fma.down();
     size_t bad_y = 0;
     for (int r = 0; r < T; ++r)
       for (int k = 0; k < H; ++k) {
@@ -1494,7 +1544,10 @@ static void check_router_logits_normed(cublasHandle_t cb) {
       }
     report_exact("add_rmsnorm out_rstd", fmt("T=%d H=%d: rows w*(h*rstd) != out_f32: %zu", T, H, bad_y), bad_y);
     // |logit - float64 sum| against the sum of |terms| (the FP32 rounding scale).
-    double worst = 0, worst_blas = 0;
+    double worst = 0, worst_fma = 0, worst_blas = 0;
+    auto err = [](double got, double ref, double mag) {
+      return std::isfinite(got) ? std::fabs(got - ref) / (mag + 1e-30) : INFINITY;
+    };
     for (int r = 0; r < T; ++r)
       for (int e2 = 0; e2 < E; ++e2) {
         double ref = 0, mag = 0;
@@ -1503,15 +1556,22 @@ static void check_router_logits_normed(cublasHandle_t cb) {
           ref += t;
           mag += std::fabs(t);
         }
-        const double got = gl[(size_t)r * E + e2];
-        worst = std::max(worst, std::isfinite(got) ? std::fabs(got - ref) / (mag + 1e-30) : INFINITY);
-        worst_blas = std::max(worst_blas, std::fabs((double)gr[(size_t)r * E + e2] - ref) / (mag + 1e-30));
+        worst = std::max(worst, err(gl[(size_t)r * E + e2], ref, mag));
+        worst_fma = std::max(worst_fma, err(gf[(size_t)r * E + e2], ref, mag));
+        worst_blas = std::max(worst_blas, err(gr[(size_t)r * E + e2], ref, mag));
       }
-    size_t untouched = 0;
-    for (int e2 = 0; e2 < E; ++e2) untouched += fbits(gl[(size_t)T * E + e2]) == 0xffffffffu;
-    report("router_logits_normed", fmt("T=%d E=%d H=%d vs f64 (cuBLAS %.1e), row T kept %zu/%d", T, E, H,
-                                       worst_blas, untouched, E),
+    size_t untouched = 0, untouched_fma = 0;
+    for (int e2 = 0; e2 < E; ++e2) {
+      untouched += fbits(gl[(size_t)T * E + e2]) == 0xffffffffu;
+      untouched_fma += fbits(gf[(size_t)T * E + e2]) == 0xffffffffu;
+    }
+    report("router_logits_normed", fmt("T=%d E=%d H=%d %s vs f64 (cuBLAS %.1e), row T kept %zu/%d", T, E, H,
+                                       H % 32 == 0 ? "3xTF32" : "FMA", worst_blas, untouched, E),
            untouched == (size_t)E ? worst : INFINITY, 2e-6);
+    if (H % 32 == 0)
+      report("router_logits_normed", fmt("T=%d E=%d H=%d FMA form vs f64, row T kept %zu/%d", T, E, H,
+                                         untouched_fma, E),
+             untouched_fma == (size_t)E ? worst_fma : INFINITY, 2e-6);
   }
   // Refusals: E past 32, H not a multiple of 4, misaligned rows.
   Dev<float> buf(64 * 1024);
@@ -2085,6 +2145,55 @@ static void bench(cublasHandle_t cb) {
       const float tn = time_graph_us([&](cudaStream_t s) { CK(qk_norm_rope_kv_write(a, s)); });
       bench_row("qk_norm_rope_kv_write 12q+1kv bf16", T, tp, tn);
     }
+    // Prefill sizes, the GEMM's epilogue folded in (the step's form past the
+    // streaming kernels): one token a CTA against the default (4 from 512);
+    // three copies of the q|k|v rows rotate (14.7 MB each at 2,048 tokens).
+    const int Tp = 2048, copies = 3;
+    const size_t rowf = (size_t)(NQ + 2 * NKV) * D;
+    std::vector<int> ppos(Tp), pslots(Tp);
+    for (int t = 0; t < Tp; ++t) {
+      ppos[t] = t;
+      pslots[t] = t;
+    }
+    Dev<int> dppos(ppos), dpslots(pslots);
+    Dev<float> xs(Tp), ws(rowf), bias(rowf), qp((size_t)Tp * NQ * D);
+    {
+      std::vector<float> v(Tp, 1.f / 448.f), w(rowf, 1.f / 448.f), b(rowf, 0.01f);
+      xs.up(v);
+      ws.up(w);
+      bias.up(b);
+    }
+    auto rope_args = [&](int i) {
+      QkRopeArgs a;
+      a.qkv = big.p + (size_t)(i % copies) * Tp * rowf;
+      a.T = Tp;
+      a.n_q_heads = NQ;
+      a.n_kv_heads = NKV;
+      a.q_norm = dqn.p;
+      a.k_norm = dkn.p;
+      a.inv_freq = dinv.p;
+      a.positions = dppos.p;
+      a.slots = dpslots.p;
+      a.block_size = bs;
+      a.q_out = qp.p;
+      a.k_cache = kc.p;
+      a.v_cache = vc.p;
+      a.x_scale = xs.p;
+      a.w_scale = ws.p;
+      a.bias = bias.p;
+      return a;
+    };
+    for (int tpc : {1, 2, 4, 8}) {
+      qk_rope_set_tokens_per_cta(tpc);
+      const float us = graph_replay_ms([&](int i, cudaStream_t s) { CK(qk_norm_rope_kv_write(rope_args(i), s)); },
+                                       20, 11, 3, 3) *
+                       1000.f / 20;
+      qk_rope_set_tokens_per_cta(0);
+      const double mb = (double)Tp * (rowf * 4 + NQ * D * 4 + 2 * NKV * D * 2) / 1e6;
+      printf("%-44s T=%-4d %d token(s) a CTA %8.2f us (%.1f MB: %.0f%% of 4.46 TB/s)\n",
+             "qk_norm_rope_kv_write prefill, epilogue folded", Tp, tpc, us, mb, mb / us / 4.46 * 100);
+      fflush(stdout);
+    }
   }
   for (int T : Ts) {
     const int cols = NQ * D;
@@ -2276,8 +2385,19 @@ static void bench(cublasHandle_t cb) {
     const float t_norm = graph_replay_ms([&](int i, cudaStream_t s) { CK(add_rmsnorm(norm_args(i, true), s)); },
                                          20, 11, 3, 3) *
                          1000.f / 20;
-    printf("%-44s T=%-4d norm(fp8+f32)+SGEMM %8.2f us   norm(fp8+rstd)+logits %8.2f us (norm alone %6.2f)   x%.2f\n",
-           "prefill router E=20 H=5120", T, t_old, t_new, t_norm, t_old / t_new);
+    router_logits_normed_force_fma(true);
+    const float t_fma = graph_replay_ms(
+                            [&](int i, cudaStream_t s) {
+                              const AddNormArgs a = norm_args(i, true);
+                              CK(add_rmsnorm(a, s));
+                              CK(router_logits_normed(a.h, wn.p, rs.p, lw.p, lg.p, T, E, H, s));
+                            },
+                            20, 11, 3, 3) *
+                        1000.f / 20;
+    router_logits_normed_force_fma(false);
+    printf("%-44s T=%-4d norm(fp8+f32)+SGEMM %8.2f us   norm(fp8+rstd)+logits: 3xTF32 %8.2f us, FMA %8.2f us "
+           "(norm alone %6.2f)   x%.2f\n",
+           "prefill router E=20 H=5120", T, t_old, t_new, t_fma, t_norm, t_old / t_new);
     fflush(stdout);
   }
 }
@@ -2376,6 +2496,7 @@ int main(int argc, char** argv) {
     check_rope(9, 12, 1, true);
     check_rope(256, 12, 1, false);
     check_rope(7, 24, 2, false);
+    check_rope(601, 12, 1, false);  // 4 tokens a CTA by default (kRopeTokensMinT)
     check_router_topk();
     check_router_fused(cb);
     check_router_fused_forms();
