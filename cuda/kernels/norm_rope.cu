@@ -304,6 +304,21 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(Combi
 constexpr int kRopeMaxWarps = 16;
 constexpr int kRopeMaxHalf = 64;  // rot_dim <= 128
 
+// Lane lane's four values of KV head kvh's K (is_k) or V row into the paged
+// cache at (block blk, offset off): FP32, or BF16 rounded to nearest.
+__device__ __forceinline__ void rope_store_kv(const QkRopeArgs& a, bool is_k, int kvh, int blk, int off, int lane,
+                                              float4 v) {
+  const int64_t elem = (((int64_t)blk * a.n_kv_heads + kvh) * a.block_size + off) * 128 + lane * 4;
+  void* cache = is_k ? a.k_cache : a.v_cache;
+  if (a.kv_f32) {
+    *reinterpret_cast<float4*>(static_cast<float*>(cache) + elem) = v;
+  } else {
+    __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(cache) + elem;
+    reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(v.x, v.y);
+    reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(v.z, v.w);
+  }
+}
+
 __global__ void qk_rope_kernel(QkRopeArgs a) {
   pdl_launch_dependents();
   __shared__ float s_cos[kRopeMaxHalf], s_sin[kRopeMaxHalf];
@@ -374,16 +389,7 @@ __global__ void qk_rope_kernel(QkRopeArgs a) {
         continue;
       }
     }
-    const int kvh = is_k ? hd - a.n_q_heads : hd - a.n_q_heads - a.n_kv_heads;
-    const int64_t elem = (((int64_t)blk * a.n_kv_heads + kvh) * a.block_size + off) * 128 + lane * 4;
-    void* cache = is_k ? a.k_cache : a.v_cache;
-    if (a.kv_f32) {
-      *reinterpret_cast<float4*>(static_cast<float*>(cache) + elem) = v;
-    } else {
-      __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(cache) + elem;
-      reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(v.x, v.y);
-      reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(v.z, v.w);
-    }
+    rope_store_kv(a, is_k, is_k ? hd - a.n_q_heads : hd - a.n_q_heads - a.n_kv_heads, blk, off, lane, v);
   }
 }
 
@@ -467,16 +473,7 @@ __global__ void __launch_bounds__(kRopeMaxWarps * 32) qk_rope_tokens_kernel(QkRo
           continue;
         }
       }
-      const int blk = slot[k] / a.block_size, off = slot[k] % a.block_size;
-      const int64_t elem = (((int64_t)blk * a.n_kv_heads + kvh) * a.block_size + off) * 128 + lane * 4;
-      void* cache = is_k ? a.k_cache : a.v_cache;
-      if (a.kv_f32) {
-        *reinterpret_cast<float4*>(static_cast<float*>(cache) + elem) = x;
-      } else {
-        __nv_bfloat16* dst = static_cast<__nv_bfloat16*>(cache) + elem;
-        reinterpret_cast<__nv_bfloat162*>(dst)[0] = __floats2bfloat162_rn(x.x, x.y);
-        reinterpret_cast<__nv_bfloat162*>(dst)[1] = __floats2bfloat162_rn(x.z, x.w);
-      }
+      rope_store_kv(a, is_k, kvh, slot[k] / a.block_size, slot[k] % a.block_size, lane, x);
     }
   }
 }

@@ -892,8 +892,9 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
   report("qk_rope q vs f64", fmt("T=%d %dq/%dkv, pos up to 202751", T, NH, NKV), rel_err(oq, rq), 2e-6);
 
   // Runs e1 into the second set of outputs (pq, pk, pv) and e2 into the first
-  // (as set in a), every output poisoned first.
-  auto run_pair = [&](QkRopeArgs e1, const QkRopeArgs& e2) {
+  // (as set in a), every output poisoned first; tpc1 / tpc2: tokens a CTA of
+  // each launch (0: by T).
+  auto run_pair = [&](QkRopeArgs e1, const QkRopeArgs& e2, int tpc1 = 0, int tpc2 = 0) {
     e1.q_out = pq.p;
     e1.k_cache = pk.p;
     e1.v_cache = pv.p;
@@ -903,8 +904,11 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
     pk.poison();
     dv.poison();
     pv.poison();
+    qk_rope_set_tokens_per_cta(tpc1);
     CK(qk_norm_rope_kv_write(e1, 0));
+    qk_rope_set_tokens_per_cta(tpc2);
     CK(qk_norm_rope_kv_write(e2, 0));
+    qk_rope_set_tokens_per_cta(0);
     CK(cudaDeviceSynchronize());
   };
   // The GEMM's epilogue folded in (x_scale / w_scale / bias set, qkv unscaled)
@@ -963,22 +967,7 @@ static void check_rope(int T, int NH, int NKV, bool f32) {
     for (int tpc : {2, 4, 8})
       for (int form = 0; form < 2; ++form) {
         const QkRopeArgs& base = form ? folded : a;
-        qk_rope_set_tokens_per_cta(1);
-        QkRopeArgs e1 = base;
-        e1.q_out = pq.p;
-        e1.k_cache = pk.p;
-        e1.v_cache = pv.p;
-        dq.poison();
-        pq.poison();
-        dk.poison();
-        pk.poison();
-        dv.poison();
-        pv.poison();
-        CK(qk_norm_rope_kv_write(e1, 0));
-        qk_rope_set_tokens_per_cta(tpc);
-        CK(qk_norm_rope_kv_write(base, 0));
-        qk_rope_set_tokens_per_cta(0);
-        CK(cudaDeviceSynchronize());
+        run_pair(base, base, 1, tpc);
         const size_t bad = count_diff(dq.down(), pq.down()) + count_diff(dk.down(), pk.down()) +
                            count_diff(dv.down(), pv.down());
         report_exact("qk_rope tokens a CTA",
@@ -2126,21 +2115,22 @@ static void bench(cublasHandle_t cb) {
     Dev<float> dqn(qn), dkn(kn), dinv(invf), qo((size_t)Tmax * NQ * D);
     Dev<int> dpos(pos), dslots(slots);
     Dev<uint16_t> kc((size_t)nblocks * bs * D), vc((size_t)nblocks * bs * D);
+    QkRopeArgs base;
+    base.qkv = big.p;
+    base.n_q_heads = NQ;
+    base.n_kv_heads = NKV;
+    base.q_norm = dqn.p;
+    base.k_norm = dkn.p;
+    base.inv_freq = dinv.p;
+    base.positions = dpos.p;
+    base.slots = dslots.p;
+    base.block_size = bs;
+    base.q_out = qo.p;
+    base.k_cache = kc.p;
+    base.v_cache = vc.p;
     for (int T : Ts) {
-      QkRopeArgs a;
-      a.qkv = big.p;
+      QkRopeArgs a = base;
       a.T = T;
-      a.n_q_heads = NQ;
-      a.n_kv_heads = NKV;
-      a.q_norm = dqn.p;
-      a.k_norm = dkn.p;
-      a.inv_freq = dinv.p;
-      a.positions = dpos.p;
-      a.slots = dslots.p;
-      a.block_size = bs;
-      a.q_out = qo.p;
-      a.k_cache = kc.p;
-      a.v_cache = vc.p;
       const float tp = time_graph_us([&](cudaStream_t s) { prev::qk_rope(a, s); });
       const float tn = time_graph_us([&](cudaStream_t s) { CK(qk_norm_rope_kv_write(a, s)); });
       bench_row("qk_norm_rope_kv_write 12q+1kv bf16", T, tp, tn);
@@ -2164,20 +2154,12 @@ static void bench(cublasHandle_t cb) {
       bias.up(b);
     }
     auto rope_args = [&](int i) {
-      QkRopeArgs a;
+      QkRopeArgs a = base;
       a.qkv = big.p + (size_t)(i % copies) * Tp * rowf;
       a.T = Tp;
-      a.n_q_heads = NQ;
-      a.n_kv_heads = NKV;
-      a.q_norm = dqn.p;
-      a.k_norm = dkn.p;
-      a.inv_freq = dinv.p;
       a.positions = dppos.p;
       a.slots = dpslots.p;
-      a.block_size = bs;
       a.q_out = qp.p;
-      a.k_cache = kc.p;
-      a.v_cache = vc.p;
       a.x_scale = xs.p;
       a.w_scale = ws.p;
       a.bias = bias.p;
