@@ -153,6 +153,22 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  const int S = L.splits;
+  const int KT = a.K / kSwBK;
+  // Unit u: split fastest, then the weight block, then the token tile (CTAs
+  // running together share the tile's token rows in L2).
+  auto unit_of = [&](int u, int& item, int& wb, int& s) {
+    s = u % S;
+    const int r = u / S;
+    wb = r % L.n_wb;
+    item = r / L.n_wb;
+  };
+  // Split s's K stages [kb, ke): they depend only on KT and S, so a launch
+  // reproduces itself bit for bit.
+  auto k_range = [&](int s, int& kb, int& ke) {
+    kb = (int)((int64_t)s * KT / S);
+    ke = (int)((int64_t)(s + 1) * KT / S);
+  };
   // Weight stages whose TMA thread 0 issued before griddepcontrol.wait (its
   // producer loop then skips them).
   int early = 0;
@@ -166,10 +182,10 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     // offsets; this CTA's share of the group sure to have rows (the shared
     // expert) into L2.
     if (!a.group_offsets) {
-      const int KT = a.K / kSwBK, S = L.splits;
-      if (tid == 0 && blockIdx.x < min(L.m_bound, (a.M + NT - 1) / NT) * L.n_wb * S) {
-        const int s = blockIdx.x % S, wb = (blockIdx.x / S) % L.n_wb;
-        const int kb = (int)((int64_t)s * KT / S), ke = (int)((int64_t)(s + 1) * KT / S);
+      if (tid == 0 && blockIdx.x < min(L.m_bound, count_m_tiles<NT>(nullptr, 0, a.M)) * L.n_wb * S) {
+        int item, wb, s, kb, ke;
+        unit_of(blockIdx.x, item, wb, s);
+        k_range(s, kb, ke);
         early = min(ke - kb, C::STAGES);
         const uint64_t wpol = l2_policy_stream();
         for (int i = 0; i < early; ++i) {
@@ -192,18 +208,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   __syncthreads();
 
   const int items = min(L.m_bound, count_m_tiles<NT>(offs, a.groups, a.M));
-  const int S = L.splits;
   const int total = items * L.n_wb * S;
-  const int KT = a.K / kSwBK;
   const int64_t K = a.K;
-  // Unit u: split fastest, then the weight block, then the token tile (CTAs
-  // running together share the tile's token rows in L2).
-  auto unit_of = [&](int u, int& item, int& wb, int& s) {
-    s = u % S;
-    const int r = u / S;
-    wb = r % L.n_wb;
-    item = r / L.n_wb;
-  };
 
   if (wg == 0) {
     // Producer warpgroup: thread tid copies piece (tid & 7) of token rows
@@ -223,7 +229,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         xr[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
       }
       const int wrow = grp * a.N + wb * kSwWRows;
-      const int kb = (int)((int64_t)s * KT / S), ke = (int)((int64_t)(s + 1) * KT / S);
+      int kb, ke;
+      k_range(s, kb, ke);
       for (int kt = kb; kt < ke; ++kt) {
         mbar_wait(bar_empty + 8 * stage, phase ^ 1);
         const uint32_t sw = sbase + stage * C::STAGE_BYTES, full = bar_full + 8 * stage;
@@ -254,7 +261,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       int item, wb, s, grp = 0, row0 = 0, rows = 0;
       unit_of(u, item, wb, s);
       find_m_tile<NT>(offs, a.groups, a.M, item, grp, row0, rows);
-      const int kb = (int)((int64_t)s * KT / S), ke = (int)((int64_t)(s + 1) * KT / S);
+      int kb, ke;
+      k_range(s, kb, ke);
       // Accumulator 4j + e: weight row 64 cw + 16 (warp % 4) + g + 8 (e >> 1)
       // of the block, token 8j + 2 c4 + (e & 1) of the tile.
       const int wl0 = 64 * cw + 16 * (warp & 3) + g;
