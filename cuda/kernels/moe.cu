@@ -4,6 +4,7 @@
 // streaming FP8 GEMMs (gemm.cu), and the weighted combine that folds the
 // routed experts and the shared expert (the last slot, weight 1) together.
 #include <atomic>
+#include <type_traits>
 
 #include "common.cuh"
 #include "moe_route.cuh"
@@ -873,6 +874,20 @@ constexpr int kRlKLanes = 32 / kRlRowGroups;            // consecutive float4 of
 constexpr int kRlThreads = 256;
 constexpr int kRlWarps = kRlThreads / 32;
 
+// A CTA's logits: the warps' partials (after a barrier) summed in warp order
+// (deterministic), rows past T not stored.
+template <int WARPS, int ROWS, int EM>
+__device__ __forceinline__ void rl_sum_warps(const float (&part)[WARPS][ROWS][EM], int t0, int T, int E,
+                                             float* __restrict__ logits) {
+  for (int idx = threadIdx.x; idx < ROWS * E; idx += blockDim.x) {
+    const int row = idx / E, e = idx - row * E, t = t0 + row;
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) sum += part[w][row][e];
+    if (t < T) logits[(int64_t)t * E + e] = sum;
+  }
+}
+
 template <int EMAX>  // a multiple of 8
 __global__ void __launch_bounds__(kRlThreads) router_logits_normed_kernel(
     const float* __restrict__ h, const float* __restrict__ norm_w, const float* __restrict__ rstd,
@@ -957,13 +972,7 @@ __global__ void __launch_bounds__(kRlThreads) router_logits_normed_kernel(
       }
     }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kRlRows * E; idx += kRlThreads) {
-    const int row = idx / E, e = idx - row * E, t = t0 + row;
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kRlWarps; ++w) sum += part[w][row][e];
-    if (t < T) logits[(int64_t)t * E + e] = sum;
-  }
+  rl_sum_warps(part, t0, T, E, logits);
 }
 
 // The same logits on the tensor cores in 3xTF32 (H % 32 == 0): each FP32
@@ -1093,13 +1102,7 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
     part[warp][g + 8][8 * n + 2 * c + 1] = d[n][3];
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < kRlTcRows * E; idx += kRlTcThreads) {
-    const int row = idx / E, e = idx - row * E, t = t0 + row;
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < kRlTcWarps; ++w) sum += part[w][row][e];
-    if (t < T) logits[(int64_t)t * E + e] = sum;
-  }
+  rl_sum_warps(part, t0, T, E, logits);
 }
 
 bool g_rl_fma_only = false;  // router_logits_normed_force_fma (tests / benches)
@@ -1119,28 +1122,23 @@ cudaError_t router_logits_normed(const float* h, const float* norm_w, const floa
   if (!router_logits_normed_supported(E, H) || !h || !norm_w || !rstd || !W || !logits ||
       (uintptr_t)h % 16 || (uintptr_t)norm_w % 16 || (uintptr_t)W % 16)
     return cudaErrorInvalidValue;
-  if (H % 32 == 0 && !g_rl_fma_only) {
-    const int grid = (T + kRlTcRows - 1) / kRlTcRows;
-    if (E <= 8)
-      router_logits_normed_tc_kernel<1><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
-    else if (E <= 16)
-      router_logits_normed_tc_kernel<2><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
-    else if (E <= 24)
-      router_logits_normed_tc_kernel<3><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
+  // Experts in tiles of 8 (at most 4): the tensor-core kernel's NTL, the FMA
+  // kernel's EMAX = 8 NTL.
+  const bool tc = H % 32 == 0 && !g_rl_fma_only;
+  auto launch = [&](auto ntl) {
+    constexpr int N = decltype(ntl)::value;
+    if (tc)
+      router_logits_normed_tc_kernel<N><<<(T + kRlTcRows - 1) / kRlTcRows, kRlTcThreads, 0, st>>>(
+          h, norm_w, rstd, W, logits, T, E, H);
     else
-      router_logits_normed_tc_kernel<4><<<grid, kRlTcThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
+      router_logits_normed_kernel<8 * N><<<(T + kRlRows - 1) / kRlRows, kRlThreads, 0, st>>>(
+          h, norm_w, rstd, W, logits, T, E, H);
     return cudaGetLastError();
-  }
-  const int grid = (T + kRlRows - 1) / kRlRows;
-  if (E <= 8)
-    router_logits_normed_kernel<8><<<grid, kRlThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
-  else if (E <= 16)
-    router_logits_normed_kernel<16><<<grid, kRlThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
-  else if (E <= 24)
-    router_logits_normed_kernel<24><<<grid, kRlThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
-  else
-    router_logits_normed_kernel<32><<<grid, kRlThreads, 0, st>>>(h, norm_w, rstd, W, logits, T, E, H);
-  return cudaGetLastError();
+  };
+  if (E <= 8) return launch(std::integral_constant<int, 1>{});
+  if (E <= 16) return launch(std::integral_constant<int, 2>{});
+  if (E <= 24) return launch(std::integral_constant<int, 3>{});
+  return launch(std::integral_constant<int, 4>{});
 }
 
 cudaError_t moe_align(const int* ids, int T, int slots, int n_groups, int* offsets,
