@@ -367,6 +367,17 @@ __device__ __forceinline__ float4 ld_dsmem_f4(uint32_t addr, int rank) {
   return v;
 }
 
+// Stores v into CTA `rank`'s shared memory at the offset of local shared
+// address `addr` (as ld_dsmem_f32; ordered before a later
+// barrier.cluster.arrive.release).
+__device__ __forceinline__ void st_dsmem_f32(uint32_t addr, int rank, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+#endif
+}
+
 // Limits of the current device, asked once per device (launch functions run
 // for every layer of every eager step; concurrent first calls store the same
 // values). One cache for the library: an inline function's statics are shared

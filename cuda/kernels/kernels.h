@@ -668,6 +668,19 @@ bool router_fused_supported(int T, int E, int H);
 size_t router_fused_workspace_bytes(int T, int E);
 cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st);
 
+// add_rmsnorm(n) followed by router_fused(a) on its output rows, in one
+// launch (thread-block clusters, sm_90) for 2..64 decode rows: n.h += delta
+// (its slices summed in order), y = RMSNorm(h) quantized into n.out_q /
+// n.out_scale (n.out_f32 / n.out_rstd written if set), and a's selection and
+// sort on y (a.x unused). Each element's operations are add_rmsnorm's and the
+// selection router_topk's; the sum of squares runs in another order, so r (and
+// with it an FP8 code) may differ from add_rmsnorm's by an ulp. n.rows ==
+// a.sel.T, n.hidden == a.H; no row_index, keep_h or out_bf16. The workspace
+// as router_fused's (router_fused_workspace_bytes; one int of it is used).
+// cudaErrorNotSupported where add_rmsnorm_router_supported is false.
+bool add_rmsnorm_router_supported(int T, int E, int H);
+cudaError_t add_rmsnorm_router(const AddNormArgs& n, const RouterFusedArgs& a, cudaStream_t st);
+
 // Router logits for prefill-sized batches (past router_fused), from the
 // residual rows instead of the normed rows: logits[t, e] = sum_k y[t, k] W[e, k]
 // (H % 32 == 0: 3xTF32 tensor-core products summed in FP32, else FP32 FMAs;

@@ -852,6 +852,390 @@ cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st) {
   return e != cudaSuccess ? e : cudaGetLastError();
 }
 
+// ------------------------------------------------- post-attention norm + router
+// add_rmsnorm_router (kernels.h): add_rmsnorm's residual add, RMSNorm and FP8
+// rows and router_fused's selection and sort in one launch, for 2..64 decode
+// rows. One thread-block cluster of C CTAs per tile of RM rows; CTA c of a
+// cluster owns the columns [c*S, (c+1)*S) of the hidden size (S = H / C, a
+// multiple of 128):
+//   1. the router's slice (E x S floats) and the norm weights' slice into
+//      shared memory by cp.async; the rows' slice v = h + delta (delta's
+//      slices summed in order first, as add_rmsnorm), h stored back; each
+//      row's partial sum of squares (a warp a row).
+//   2. cluster barrier; every CTA sums a row's C partials in rank order (the
+//      same float adds in every CTA, so one r a row), makes y = w * (v * r)
+//      (add_rmsnorm's operations on each element), its partial amax, and its
+//      partial logits y . W^T over the slice (rf_tile_partials' warp tiles,
+//      from shared memory).
+//   3. cluster barrier; every CTA takes a row's amax over the cluster and
+//      writes its FP8 slice with the row's scale; the leader sums the logit
+//      partials in rank order, selects every row of the tile (route_token)
+//      and sorts (align_block) — past one tile, the leader that finishes
+//      last (a counter in the workspace), as router_fused does.
+// Partials travel by remote stores before each barrier's arrive (each CTA
+// writes its sums of squares and amaxes into every CTA's shared memory, its
+// logits into the leader's), so after a barrier every read is local: read
+// remotely after it, one CTA's partials after another's, they cost ~1 us a
+// barrier (H200, small_check --bench).
+// So the post-attention norm and the router are one launch, the FP32 rows
+// are not written and read back, and one hand-off goes through global memory
+// instead of two (none for one tile). r may differ from add_rmsnorm's by an
+// ulp (another order of the sum of squares), so the FP8 rows may differ from
+// its in a few codes; every formula is add_rmsnorm's and router_topk's.
+namespace {
+
+constexpr int kNrThreads = 512;
+constexpr int kNrMaxRM = 8;        // rows a cluster
+constexpr int kNrMaxItems = 4;     // float4 of the rows' slice a thread (RM * S / 4 <= 2048)
+constexpr int kNrSliceGroup = 3;   // delta slices loaded together (o_proj: 3 K splits)
+constexpr int kNrMaxE = 32;        // experts: one warp tile row of rf's plan
+constexpr int kNrMaxCluster = 8;   // portable cluster size
+constexpr int kNrMaxT = 64;
+constexpr size_t kNrMaxSmem = 200 * 1024;  // dynamic: (E + RM + 1) * S floats
+
+struct NrShape {
+  int RM, C, S, n_tt;  // rows a tile, CTAs a cluster, columns a CTA, tiles
+  int WN, WK;          // warps along experts (4 each) and along K
+};
+
+__host__ __device__ inline int nr_rm(int T) { return T <= 2 ? 2 : T <= 4 ? 4 : 8; }
+
+// C: the largest divisor of H / 128 up to max_c (every slice a whole number
+// of the warps' 128-float K steps).
+inline NrShape nr_plan(int T, int E, int H, int max_c) {
+  NrShape s{};
+  s.RM = nr_rm(T);
+  s.n_tt = (T + s.RM - 1) / s.RM;
+  const int steps = H / 128;
+  s.C = 1;
+  for (int c = max_c; c >= 1; --c)
+    if (steps % c == 0) {
+      s.C = c;
+      break;
+    }
+  s.S = H / s.C;
+  s.WN = (E + kRfRN - 1) / kRfRN;
+  s.WK = (kNrThreads / 32) / s.WN;
+  return s;
+}
+inline size_t nr_smem_bytes(const NrShape& s, int E) {
+  return ((size_t)E + s.RM + 1) * s.S * sizeof(float);  // W slice, rows' slice, norm weights' slice
+}
+
+template <int RM>
+__global__ void __launch_bounds__(kNrThreads, 1)
+    add_rmsnorm_router_kernel(AddNormArgs n, RouterFusedArgs a, NrShape sh) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  pdl_launch_dependents();
+  constexpr int N = RM * kRfRN;
+  extern __shared__ float4 nr_smem[];
+  // [rank][m]: every CTA's partial sums of squares and amaxes, pushed here by
+  // their CTAs; [rank][m * kNrMaxE + e]: every CTA's partial logits (the
+  // leader's copy is the one read).
+  __shared__ float s_ss[kNrMaxCluster][kNrMaxRM], s_amax[kNrMaxCluster][kNrMaxRM];
+  __shared__ float s_part[kNrMaxCluster][kNrMaxRM * kNrMaxE];
+  __shared__ float s_r[kNrMaxRM], s_scale[kNrMaxRM];
+  __shared__ float s_red[kNrThreads / 32][N];
+  __shared__ float s_lg[kNrMaxRM * kNrMaxE];
+  __shared__ int s_cnt[kMaxGroups], s_cur[kMaxGroups];
+  __shared__ int s_ids[kNrMaxRM * 33];  // the tile's ids (slots <= 33)
+  __shared__ int s_last;
+  const RouterArgs& r = a.sel;
+  const int T = r.T, E = r.E, H = n.hidden, S = sh.S, S4 = S >> 2;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int rank = blockIdx.x % sh.C, tt = blockIdx.x / sh.C;
+  const int t0 = tt * RM, k0 = rank * S;
+  const int live = T - t0 < RM ? T - t0 : RM;  // rows of this tile (>= 1)
+  float* s_w = reinterpret_cast<float*>(nr_smem);  // [E][S]
+  float* s_y = s_w + (size_t)E * S;                 // [RM][S]: v, then y
+  float* s_g = s_y + (size_t)RM * S;                // [S]: the norm weights
+
+  // ---- 1. v = h + delta; the router's and the norm weights' slices on their way
+  // (requested after the rows, which are needed first).
+  const int items = RM * S4;
+  {
+    auto row_at = [&](int k, int& off) {  // item k of this thread: its offset in a row-major [T][H], live?
+      const int i = tid + k * kNrThreads, m = i / S4, c4 = i - m * S4;
+      off = (t0 + m) * H + k0 + 4 * c4;
+      return i < items && m < live;
+    };
+    float4 v[kNrMaxItems];
+#pragma unroll
+    for (int k = 0; k < kNrMaxItems; ++k) {
+      int off;
+      v[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (row_at(k, off)) v[k] = *reinterpret_cast<const float4*>(n.h + off);
+    }
+    if (n.delta) {
+      // delta's slices in groups of kNrSliceGroup, each group's loads in
+      // flight together, summed in slice order.
+      float4 d[kNrMaxItems];
+      for (int s0 = 0; s0 < n.delta_splits; s0 += kNrSliceGroup) {
+        float4 e[kNrSliceGroup][kNrMaxItems];
+#pragma unroll
+        for (int g = 0; g < kNrSliceGroup; ++g)
+#pragma unroll
+          for (int k = 0; k < kNrMaxItems; ++k) {
+            int off;
+            if (s0 + g < n.delta_splits && row_at(k, off))
+              e[g][k] = __ldg(reinterpret_cast<const float4*>(n.delta + (s0 + g) * n.delta_split_stride + off));
+          }
+#pragma unroll
+        for (int g = 0; g < kNrSliceGroup; ++g)
+#pragma unroll
+          for (int k = 0; k < kNrMaxItems; ++k) {
+            int off;
+            if (s0 + g < n.delta_splits && row_at(k, off)) {
+              if (s0 + g == 0) {
+                d[k] = e[g][k];
+              } else {
+                d[k].x += e[g][k].x;
+                d[k].y += e[g][k].y;
+                d[k].z += e[g][k].z;
+                d[k].w += e[g][k].w;
+              }
+            }
+          }
+      }
+#pragma unroll
+      for (int k = 0; k < kNrMaxItems; ++k) {
+        int off;
+        if (row_at(k, off)) {
+          v[k].x = v[k].x + d[k].x;
+          v[k].y = v[k].y + d[k].y;
+          v[k].z = v[k].z + d[k].z;
+          v[k].w = v[k].w + d[k].w;
+          *reinterpret_cast<float4*>(n.h + off) = v[k];
+        }
+      }
+    }
+    {
+      const uint32_t sw = (uint32_t)__cvta_generic_to_shared(s_w);
+      for (int i = tid; i < E * S4; i += kNrThreads) {
+        const int e = i / S4, c4 = i - e * S4;
+        cp_async_cg16(sw + (uint32_t)(e * S + 4 * c4) * 4u, a.W + (int64_t)e * H + k0 + 4 * c4, 0);
+      }
+      const uint32_t sg = (uint32_t)__cvta_generic_to_shared(s_g);
+      for (int c4 = tid; c4 < S4; c4 += kNrThreads)
+        cp_async_cg16(sg + (uint32_t)c4 * 16u, n.weight + k0 + 4 * c4, 0);
+      cp_async_commit();
+    }
+#pragma unroll
+    for (int k = 0; k < kNrMaxItems; ++k) {
+      const int i = tid + k * kNrThreads;
+      if (i < items) reinterpret_cast<float4*>(s_y)[i] = v[k];  // [m][S] in float4s: i = m * S4 + c4
+    }
+  }
+  __syncthreads();
+  if (warp < RM) {  // the row's partial sum of squares (zero past the live rows)
+    const float4* y4 = reinterpret_cast<const float4*>(s_y) + warp * S4;
+    float ss = 0.f;
+    for (int c4 = lane; c4 < S4; c4 += 32) {
+      const float4 v = y4[c4];
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+    ss = warp_sum(ss);
+    // Into slot [rank][warp] of every CTA of the cluster (lane c: CTA c).
+    if (lane < sh.C) st_dsmem_f32((uint32_t)__cvta_generic_to_shared(&s_ss[rank][warp]), lane, ss);
+  }
+  cluster_arrive_release();
+  cluster_wait_acquire();
+
+  // ---- 2. r a row (the C partials in rank order), y, partial amax and logits
+  if (tid < RM) {
+    float ss = 0.f;
+    for (int c = 0; c < sh.C; ++c) ss += s_ss[c][tid];
+    s_r[tid] = 1.0f / sqrtf(ss / (float)H + n.eps);
+  }
+  cp_async_wait_pending(0);
+  __syncthreads();
+  if (warp < RM) {
+    float4* y4 = reinterpret_cast<float4*>(s_y) + warp * S4;
+    const float4* g4 = reinterpret_cast<const float4*>(s_g);
+    const float rr = s_r[warp];
+    const bool out_f32 = n.out_f32 && warp < live;
+    float amax = 0.f;
+    for (int c4 = lane; c4 < S4; c4 += 32) {
+      const float4 v = y4[c4], w = g4[c4];
+      float4 y;
+      y.x = w.x * (v.x * rr);
+      y.y = w.y * (v.y * rr);
+      y.z = w.z * (v.z * rr);
+      y.w = w.w * (v.w * rr);
+      y4[c4] = y;
+      if (out_f32) reinterpret_cast<float4*>(n.out_f32 + (int64_t)(t0 + warp) * H + k0)[c4] = y;
+      amax = fmaxf(amax, absmax4(y));
+    }
+    amax = warp_max(amax);
+    if (lane < sh.C) st_dsmem_f32((uint32_t)__cvta_generic_to_shared(&s_amax[rank][warp]), lane, amax);
+    if (n.out_rstd && rank == 0 && lane == 0 && warp < live) n.out_rstd[t0 + warp] = rr;
+  }
+  __syncthreads();
+  {  // partial logits: warp (wn, wk) = experts wn*4.. x K steps wk, wk + WK, ...
+    const int wn = warp % sh.WN, wk = warp / sh.WN;
+    if (wk < sh.WK) {
+      float acc[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] = 0.f;
+      const int e0 = wn * kRfRN;
+      int eo[kRfRN];
+#pragma unroll
+      for (int j = 0; j < kRfRN; ++j) eo[j] = (e0 + j < E ? e0 + j : E - 1) * S;
+      for (int k = wk * 128 + lane * 4; k < S; k += sh.WK * 128) {
+        float4 wv[kRfRN], xv[RM];
+#pragma unroll
+        for (int j = 0; j < kRfRN; ++j) wv[j] = *reinterpret_cast<const float4*>(s_w + eo[j] + k);
+#pragma unroll
+        for (int m = 0; m < RM; ++m) xv[m] = *reinterpret_cast<const float4*>(s_y + m * S + k);
+#pragma unroll
+        for (int m = 0; m < RM; ++m)
+#pragma unroll
+          for (int j = 0; j < kRfRN; ++j) {
+            float s = acc[m * kRfRN + j];
+            s = fmaf(xv[m].x, wv[j].x, s);
+            s = fmaf(xv[m].y, wv[j].y, s);
+            s = fmaf(xv[m].z, wv[j].z, s);
+            s = fmaf(xv[m].w, wv[j].w, s);
+            acc[m * kRfRN + j] = s;
+          }
+      }
+      const float tot = warp_transpose_sum<N>(acc);
+      constexpr int kShift = 5 - Log2<N>::value;
+      if ((lane & ((1 << kShift) - 1)) == 0) s_red[warp][lane >> kShift] = tot;
+    }
+    __syncthreads();
+    if (tid < sh.WN * N) {  // summed over the warps along K in order
+      const int wn = tid / N, idx = tid % N, m = idx / kRfRN, j = idx % kRfRN, e = wn * kRfRN + j;
+      float sum = s_red[wn][idx];
+      for (int wk = 1; wk < sh.WK; ++wk) sum += s_red[wk * sh.WN + wn][idx];
+      if (e < E && m < live)  // into the leader's slot [rank]
+        st_dsmem_f32((uint32_t)__cvta_generic_to_shared(&s_part[rank][m * kNrMaxE + e]), 0, sum);
+    }
+  }
+  // Every remote store of the cluster is done once this barrier completes; no
+  // CTA touches another's shared memory after it.
+  cluster_arrive_release();
+  cluster_wait_acquire();
+
+  // ---- 3. the rows' scales, the leader's logits; then FP8 rows, selection, sort
+  if (tid < RM) {
+    float amax = 0.f;
+    for (int c = 0; c < sh.C; ++c) amax = fmaxf(amax, s_amax[c][tid]);
+    const float s = fmaxf(amax / kFp8Max, kMinActScale);
+    s_scale[tid] = s;
+    if (rank == 0 && tid < live) n.out_scale[t0 + tid] = s;
+  }
+  if (rank == 0 && tid < live * E) {
+    const int m = tid / E, e = tid - m * E;
+    float sum = 0.f;
+    for (int c = 0; c < sh.C; ++c) sum += s_part[c][m * kNrMaxE + e];
+    s_lg[m * kNrMaxE + e] = sum;
+  }
+  __syncthreads();
+  // The leader selects and sorts before its FP8 stores, so that a release
+  // fence (past one tile) waits for its ids only. One tile: the ids are
+  // sorted from shared memory.
+  if (rank == 0) {
+    const int slots = r.slots > 0 ? r.slots : r.top_k + (r.shared_local >= 0 ? 1 : 0);
+    if (warp < live)
+      route_token<1>(r, t0 + warp, [&](int e) { return s_lg[warp * kNrMaxE + e]; }, s_ids + warp * slots);
+    if (sh.n_tt == 1) {
+      __syncthreads();
+      align_block<false>(s_ids, T * slots, slots, a.n_groups, a.offsets, a.sorted_rows, a.inv, s_cnt, s_cur);
+    } else if (cta_arrive_last(static_cast<int*>(a.workspace), sh.n_tt, true, &s_last)) {
+      align_block<true>(r.ids, T * slots, slots, a.n_groups, a.offsets, a.sorted_rows, a.inv, s_cnt, s_cur);
+    }
+  }
+  for (int i = tid; i < live * S4; i += kNrThreads) {
+    const int m = i / S4, c4 = i - m * S4;
+    const float4 y = reinterpret_cast<const float4*>(s_y)[i];
+    reinterpret_cast<uint32_t*>(n.out_q + (int64_t)(t0 + m) * H + k0)[c4] = pack_e4m3x4(y.x, y.y, y.z, y.w, s_scale[m]);
+  }
+#endif
+}
+
+using NrKernelFn = void (*)(AddNormArgs, RouterFusedArgs, NrShape);
+NrKernelFn nr_kernel(int RM) {
+  return RM <= 2 ? add_rmsnorm_router_kernel<2> : RM <= 4 ? add_rmsnorm_router_kernel<4> : add_rmsnorm_router_kernel<8>;
+}
+
+// Test / bench hook (add_rmsnorm_router_set_cluster below): the largest
+// cluster nr_plan may take (0: kNrMaxCluster).
+int g_nr_max_cluster = 0;
+
+// Per device: 1 + whether the device launches the kernel's clusters of 8
+// (asked once: cluster launch, sm_90, an active cluster by the occupancy
+// query); 0: not asked yet.
+std::atomic<int> g_nr_ok[kRfMaxDevices];
+
+bool nr_device_ok() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (dev < 0 || dev >= kRfMaxDevices) return false;
+  int v = g_nr_ok[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0, can = 0;
+    bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+              cudaDeviceGetAttribute(&can, cudaDevAttrClusterLaunch, dev) == cudaSuccess && major >= 9 && can;
+    // Every instantiation may take the largest dynamic shared memory a plan asks.
+    for (int rm : {2, 4, 8})
+      ok = ok && cudaFuncSetAttribute(nr_kernel(rm), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)kNrMaxSmem) == cudaSuccess;
+    if (ok) {
+      const LaunchConfig lc(dim3(kNrMaxCluster), dim3(kNrThreads), kNrMaxSmem, nullptr, false, kNrMaxCluster);
+      int nc = 0;
+      ok = cudaOccupancyMaxActiveClusters(&nc, nr_kernel(8), &lc.cfg) == cudaSuccess && nc > 0;
+    }
+    if (!ok) (void)cudaGetLastError();
+    v = ok ? 2 : 1;
+    g_nr_ok[dev].store(v, std::memory_order_relaxed);
+  }
+  return v == 2;
+}
+
+}  // namespace
+
+bool add_rmsnorm_router_supported(int T, int E, int H) {
+  if (T < 2 || T > kNrMaxT || E < 1 || E > kNrMaxE || H < 128 || H % 128 != 0) return false;
+  const NrShape s = nr_plan(T, E, H, kNrMaxCluster);
+  if (s.RM * s.S / 4 > kNrThreads * kNrMaxItems || nr_smem_bytes(s, E) > kNrMaxSmem) return false;
+  return nr_device_ok();
+}
+
+cudaError_t add_rmsnorm_router(const AddNormArgs& n, const RouterFusedArgs& a, cudaStream_t st) {
+  const RouterArgs& r = a.sel;
+  if (r.T <= 0) return cudaSuccess;
+  if (!add_rmsnorm_router_supported(r.T, r.E, n.hidden)) return cudaErrorNotSupported;
+  if (n.rows != r.T || a.H != n.hidden || !n.h || !n.weight || !n.out_q || !n.out_scale || n.row_index ||
+      n.keep_h || n.out_bf16 || n.delta_splits < 1 || (n.delta_splits > 1 && !n.delta) ||
+      (n.delta_splits > 1 && (n.delta_split_stride < (int64_t)n.rows * n.hidden || n.delta_split_stride % 4)) ||
+      (uintptr_t)n.h % 16 || (uintptr_t)n.delta % 16 || (uintptr_t)n.weight % 16 || (uintptr_t)n.out_f32 % 16 ||
+      (uintptr_t)n.out_q % 4)
+    return cudaErrorInvalidValue;
+  if (r.top_k <= 0 || r.top_k > 32 || r.top_k > r.E || r.slots < 0 ||
+      (r.slots > 0 && r.slots != r.top_k && r.slots != r.top_k + 1) || r.n_group <= 0 || r.n_group > 32 ||
+      r.E % r.n_group != 0 || r.topk_group <= 0 || r.topk_group > r.n_group ||
+      (r.n_group > 1 && r.E / r.n_group < 2) || !r.bias || !r.ids || !r.w)
+    return cudaErrorInvalidValue;
+  if (!a.W || (uintptr_t)a.W % 16 || a.n_groups <= 0 || a.n_groups > kMaxGroups || !a.offsets ||
+      !a.sorted_rows || !a.inv || !a.workspace || (uintptr_t)a.workspace % 16)
+    return cudaErrorInvalidValue;
+  const int max_c = g_nr_max_cluster > 0 && g_nr_max_cluster < kNrMaxCluster ? g_nr_max_cluster : kNrMaxCluster;
+  const NrShape sh = nr_plan(r.T, r.E, n.hidden, max_c);
+  if (sh.RM * sh.S / 4 > kNrThreads * kNrMaxItems || nr_smem_bytes(sh, r.E) > kNrMaxSmem)
+    return cudaErrorNotSupported;  // (a smaller cluster under the hook)
+  const LaunchConfig lc(dim3(sh.n_tt * sh.C), dim3(kNrThreads), nr_smem_bytes(sh, r.E), st, false, sh.C);
+  const cudaError_t e = cudaLaunchKernelEx(&lc.cfg, nr_kernel(sh.RM), n, a, sh);
+  return e != cudaSuccess ? e : cudaGetLastError();
+}
+
+// Test / bench hook (not in kernels.h; small_check declares it): the largest
+// cluster add_rmsnorm_router's plan may take (0 or >= 8: the portable 8).
+void add_rmsnorm_router_set_cluster(int max_c) { g_nr_max_cluster = max_c; }
+
 // ------------------------------------------------------------ router logits from h
 // router_logits_normed (kernels.h): kRlRows token rows per CTA, so every CTA
 // reads the router (E x H FP32, L2-resident after the first) once for 16 rows;

@@ -32,15 +32,18 @@ __device__ __forceinline__ void warp_argmax(float& v, int& i) {
 // logit of expert e (only called for e < E). Rows t >= *n_valid get ids -1 and
 // weight 0 in every slot. EPL: experts per lane the loops cover (E <= 32 * EPL);
 // a smaller EPL only drops loop iterations that have no expert, the arithmetic
-// and its order are the same for every EPL.
+// and its order are the same for every EPL. ids_copy (optional): the token's
+// ids also into ids_copy[0 .. slots) (shared memory of a caller that sorts
+// them next, without a round trip through global memory).
 template <int EPL, typename Logit>
-__device__ __forceinline__ void route_token(const RouterArgs& a, int t, Logit lg) {
+__device__ __forceinline__ void route_token(const RouterArgs& a, int t, Logit lg, int* ids_copy = nullptr) {
   const int lane = threadIdx.x & 31;
   const int slots = a.slots > 0 ? a.slots : a.top_k + (a.shared_local >= 0 ? 1 : 0);
   if (a.n_valid && t >= *a.n_valid) {
     for (int j = lane; j < slots; j += 32) {
       a.ids[(int64_t)t * slots + j] = -1;
       a.w[(int64_t)t * slots + j] = 0.f;
+      if (ids_copy) ids_copy[j] = -1;
     }
     if (a.topk_global)
       for (int j = lane; j < a.top_k; j += 32) a.topk_global[(int64_t)t * a.top_k + j] = -1;
@@ -132,11 +135,13 @@ __device__ __forceinline__ void route_token(const RouterArgs& a, int t, Logit lg
                           : -1;
     a.ids[(int64_t)t * slots + lane] = local;
     a.w[(int64_t)t * slots + lane] = w;
+    if (ids_copy) ids_copy[lane] = local;
     if (a.topk_global) a.topk_global[(int64_t)t * a.top_k + lane] = my_e;
   }
   if (lane == 0 && slots > a.top_k) {
     a.ids[(int64_t)t * slots + a.top_k] = a.shared_local;
     a.w[(int64_t)t * slots + a.top_k] = 1.0f;
+    if (ids_copy) ids_copy[a.top_k] = a.shared_local;
   }
 }
 

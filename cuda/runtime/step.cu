@@ -775,6 +775,24 @@ constexpr int kSharedGroupedMaxRows = 128;
 #endif
 constexpr int kRouterFromHMinRows = GLMRT_ROUTER_FROM_H_MIN_ROWS;
 
+// Whether a MoE layer's post-attention norm and router are one launch
+// (add_rmsnorm_router: E <= 32, thread-block clusters) instead of add_rmsnorm
+// + router_fused: from GLMRT_NORM_ROUTER_MIN_ROWS rows (a step's policy rows)
+// to the kernel's 64 (0: never; A/B libraries). H200, rank share, 2k context
+// (docs/perf.md, 2026-11-28 eighth session), decode step ms, the two launches
+// -> one: batch 32 15.57 -> 15.23, 48 17.03 -> 16.9, 64 18.03 -> 17.8, 16
+// unchanged; but from 2 rows batch 2 5.68 -> 5.77, 4 6.89 -> 6.94, 8 8.98 ->
+// 9.12, where the experts' gate|up is launched early under the router and
+// prefetches the shared expert into L2.
+#ifndef GLMRT_NORM_ROUTER_MIN_ROWS
+#define GLMRT_NORM_ROUTER_MIN_ROWS 9
+#endif
+bool norm_router_one_launch(const Engine& e, const Meta& m, int T) {
+  return GLMRT_NORM_ROUTER_MIN_ROWS > 0 && !e.exact && m.policy_rows >= GLMRT_NORM_ROUTER_MIN_ROWS &&
+         glmk::add_rmsnorm_router_supported(m.policy_rows, e.d.E, e.d.H) &&
+         glmk::add_rmsnorm_router_supported(T, e.d.E, e.d.H);
+}
+
 // Whether the routed experts run through gemm_fp8_stream_tc (a few rows per
 // expert past kStreamMaxRows rows a step, on sm_90): gate|up always, down too
 // when the shared expert is one of their groups.
@@ -1160,10 +1178,13 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   const bool router_from_h = L.moe && !e.exact && !fused_router && r.rstd &&
                              m.policy_rows >= kRouterFromHMinRows &&
                              glmk::router_logits_normed_supported(d.E, d.H);
-  n.out_f32 = ((L.moe && !router_from_h) || e.exact) ? r.xf : nullptr;
+  const bool norm_router = L.moe && fused_router && r.router_ws && norm_router_one_launch(e, m, T);
+  n.out_f32 = ((L.moe && !router_from_h && !norm_router) || e.exact) ? r.xf : nullptr;
   n.out_rstd = router_from_h ? r.rstd : nullptr;
-  KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: post-attention add_rmsnorm", l);
-  PROF(GLMRT_PROF_NORM);
+  if (!norm_router) {
+    KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: post-attention add_rmsnorm", l);
+    PROF(GLMRT_PROF_NORM);
+  }
   const float* xf_in = e.exact ? r.xf : nullptr;
   if (!L.moe) {
     // The SiLU applies gate|up's scales where cuBLASLt's plain GEMM runs it.
@@ -1203,7 +1224,10 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     rf.sorted_rows = r.sorted_rows;
     rf.inv = r.inv;
     rf.workspace = r.router_ws;
-    KCHECK(glmk::router_fused(rf, r.stream), "layer %d: router_fused", l);
+    if (norm_router)  // the norm above in the same launch (counted as the router's under --profile)
+      KCHECK(glmk::add_rmsnorm_router(n, rf, r.stream), "layer %d: post-attention add_rmsnorm + router", l);
+    else
+      KCHECK(glmk::router_fused(rf, r.stream), "layer %d: router_fused", l);
   } else {
     if (router_from_h) {
       KCHECK(glmk::router_logits_normed(r.h, L.post_norm, r.rstd, L.router, r.router_logits, T, d.E, d.H,
@@ -1758,7 +1782,13 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
                                    T * H * act_q + 2 * H * 4;
       continue;
     }
-    out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
+    if (norm_router_one_launch(e, m, (int)T)) {
+      // The post-attention norm inside the router's launch, no FP32 rows.
+      out[GLMRT_PROF_NORM] -= T * H * (4 + 4 + 4 + act_q) + H * 4 + T * H * 4;
+      out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * (4 + 4 + 4 + act_q) + H * 4;
+    } else {
+      out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
+    }
     out[GLMRT_PROF_EXPERT_GATE_UP] += groups * 2 * (int64_t)d.MI * H + T * d.slots * (H + 2 * (int64_t)d.MI * 4);
     out[GLMRT_PROF_ACTIVATION] += T * d.slots * (int64_t)d.MI * (8 + 1);
     out[GLMRT_PROF_EXPERT_DOWN] += groups * H * (int64_t)d.MI + T * d.slots * ((int64_t)d.MI + H * 4);

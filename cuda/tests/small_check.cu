@@ -5,7 +5,7 @@
 // moe_combine, quant_rows_fp8, silu_mul_quant_fp8, embed_gather,
 // spec_chain_rows.
 //
-//   small_check [--seed N] [--bench] [--bench-only]
+//   small_check [--seed N] [--bench] [--bench-only] [--bench-norm-router]
 //
 // Correctness: fresh random inputs, outputs poisoned before each run and checked
 // fully written (and, where a kernel must not write, untouched); float64 CPU
@@ -54,6 +54,8 @@ cudaError_t router_fused_plan(int T, int E, int H, RouterFusedPlan* p);
 void router_logits_normed_force_fma(bool on);
 // Tokens a CTA of qk_norm_rope_kv_write: 1, 2, 4, 8, or 0 (by T; norm_rope.cu).
 void qk_rope_set_tokens_per_cta(int tpc);
+// The largest cluster add_rmsnorm_router's plan may take (0: the portable 8).
+void add_rmsnorm_router_set_cluster(int max_c);
 }  // namespace glmk
 
 using namespace glmk;
@@ -1656,6 +1658,274 @@ static void check_router_fused_forms() {
 }
 
 // router_topk: the same bits as the previous kernel; n_valid padding rows.
+// add_rmsnorm_router against its formulas and against add_rmsnorm +
+// router_fused. Per case (every case on one workspace, so each depends on the
+// launches before having reset the counter): h bit-identical to the chain's
+// (the same adds); y (out_f32) = w * (v * r) exactly for an r within a few
+// ulps of the float64 one (norm_row_exact), the FP8 codes and scales exactly
+// e4m3(y / s), s = max(amax / 448, min) of y; the selection against float64
+// logits of y (and the chain's ids away from near-ties), the sort against the
+// ids; y within 1e-6 of the chain's; a second launch without out_f32 /
+// out_rstd bit-identical in every output.
+struct NormRouterCase {
+  RouterCase rc;
+  int splits;  // 0: no delta; 1: one delta; > 1: K-split slices
+};
+
+static void check_add_rmsnorm_router(cublasHandle_t) {
+  Dev<char> ws(router_fused_workspace_bytes(256, 32));
+  ws.zero();
+  std::vector<NormRouterCase> cases;
+  for (int T : {2, 3, 4, 8, 9, 16, 33, 64}) {
+    RouterCase c{T, 20, 5120, 8, 1, 1};
+    c.n_local = 20;
+    c.shared_local = 20;
+    cases.push_back({c, T % 2 ? 1 : 3});
+  }
+  {
+    RouterCase c{16, 20, 5120, 1, 1, 1};  // top-1 with padding rows
+    c.n_local = 20;
+    c.shared_local = 20;
+    c.n_valid = 11;
+    cases.push_back({c, 3});
+    c.T = 4;
+    c.n_valid = 0;
+    cases.push_back({c, 0});
+    c = RouterCase{64, 32, 8192, 8, 1, 1};  // the largest slice (S = 1024, 8 rows: 2,048 float4)
+    c.expert_begin = 0;
+    c.n_local = 32;
+    c.shared_local = -1;
+    cases.push_back({c, 2});
+  }
+  {
+    RouterCase c{7, 16, 256, 4, 4, 2};  // tiny models: group-limited, H 256 (C = 2) and 384 (C = 3)
+    c.n_local = 8;
+    c.expert_begin = 8;
+    c.shared_local = 8;
+    c.scale = 1.0f;
+    cases.push_back({c, 1});
+    c = RouterCase{40, 16, 384, 4, 4, 2};
+    c.n_local = 16;
+    c.shared_local = 16;
+    c.norm = 0;
+    cases.push_back({c, 0});
+    c = RouterCase{64, 24, 896, 6, 1, 1};  // C = 7, one 128-float step a CTA
+    c.n_local = 24;
+    c.shared_local = 24;
+    c.slots = 7;
+    cases.push_back({c, 2});
+  }
+  const float eps = 1e-5f;
+  for (const NormRouterCase& nc : cases) {
+    const RouterCase& c = nc.rc;
+    const int T = c.T, E = c.E, H = c.H, S = case_slots(c), G = case_groups(c);
+    const size_t n = (size_t)T * H;
+    const std::string name = fmt("T=%d E=%d H=%d k=%d delta %d", T, E, H, c.K, nc.splits);
+    if (!add_rmsnorm_router_supported(T, E, H)) {
+      report("add_rmsnorm_router", name + ": not supported here", 1.0, 0.0);
+      continue;
+    }
+    std::vector<float> h0(n), w(H), W((size_t)E * H), bias(E);
+    for (int t = 0; t < T; ++t) {
+      const float mag = std::pow(10.f, randu(-1, 1));
+      for (int k = 0; k < H; ++k) h0[(size_t)t * H + k] = randn() * mag;
+    }
+    for (auto& v : w) v = bf16_round(randu(0.5f, 1.5f));
+    const float sd = 1.5f / std::sqrt((float)H);
+    for (auto& v : W) v = randn() * sd;
+    for (auto& v : bias) v = randn() * 0.1f;
+    const int64_t stride = (int64_t)n + 4 * 13;
+    std::vector<float> sum(n, 0.f), sl;
+    if (nc.splits > 0) sl = slices_with_sum(n, nc.splits, stride, sum);
+    std::vector<float> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = nc.splits > 0 ? h0[i] + sum[i] : h0[i];
+    Dev<float> dw(w), dW(W), db(bias), dsl(sl.empty() ? std::vector<float>(1) : sl);
+    AddNormArgs na;
+    na.weight = dw.p;
+    na.rows = T;
+    na.hidden = H;
+    na.eps = eps;
+    na.delta = nc.splits > 0 ? dsl.p : nullptr;
+    na.delta_splits = nc.splits > 1 ? nc.splits : 1;
+    na.delta_split_stride = nc.splits > 1 ? stride : 0;
+    // The chain: add_rmsnorm (FP32 rows for the router) + router_fused.
+    Dev<float> hc(h0), yc(n), sc(T);
+    Dev<uint8_t> qc(n);
+    FusedIO ioc(T, c.K, S, G);
+    ioc.prepare(c.n_valid);
+    AddNormArgs a = na;
+    a.h = hc.p;
+    a.out_f32 = yc.p;
+    a.out_q = qc.p;
+    a.out_scale = sc.p;
+    CK(add_rmsnorm(a, 0));
+    CK(router_fused(fused_args(c, yc.p, dW.p, db.p, ioc, ws.p), 0));
+    // The fused launch, every output.
+    Dev<float> hf(h0), yf(n), sf(T), rf(T);
+    Dev<uint8_t> qf(n);
+    yf.poison();
+    sf.poison();
+    rf.poison();
+    qf.poison();
+    FusedIO iof(T, c.K, S, G);
+    iof.prepare(c.n_valid);
+    AddNormArgs b = na;
+    b.h = hf.p;
+    b.out_f32 = yf.p;
+    b.out_rstd = rf.p;
+    b.out_q = qf.p;
+    b.out_scale = sf.p;
+    CK(add_rmsnorm_router(b, fused_args(c, nullptr, dW.p, db.p, iof, ws.p), 0));
+    // Again without out_f32 / out_rstd (the step's form).
+    Dev<float> hg(h0), sg(T);
+    Dev<uint8_t> qg(n);
+    sg.poison();
+    qg.poison();
+    FusedIO iog(T, c.K, S, G);
+    iog.prepare(c.n_valid);
+    AddNormArgs g = na;
+    g.h = hg.p;
+    g.out_q = qg.p;
+    g.out_scale = sg.p;
+    CK(add_rmsnorm_router(g, fused_args(c, nullptr, dW.p, db.p, iog, ws.p), 0));
+    CK(cudaDeviceSynchronize());
+    const auto gh = hf.down(), gy = yf.down(), gs = sf.down(), gr = rf.down();
+    const auto gq = qf.down();
+    // The formulas.
+    size_t bad_rows = 0, bad_q = 0, bad_s = 0, bad_r = 0;
+    int max_ulp = 0;
+    for (int t = 0; t < T; ++t) {
+      const float* yr = gy.data() + (size_t)t * H;
+      const int k = norm_row_exact(v.data() + (size_t)t * H, w.data(), yr, H, eps);
+      if (k < 0) ++bad_rows;
+      max_ulp = std::max(max_ulp, k);
+      double ss = 0;
+      for (int i = 0; i < H; ++i) ss += (double)v[(size_t)t * H + i] * v[(size_t)t * H + i];
+      bad_r += std::fabs(gr[t] - 1.0 / std::sqrt(ss / H + eps)) > 1e-6 * std::fabs(gr[t]);
+      float amax = 0;
+      for (int i = 0; i < H; ++i) amax = std::max(amax, std::fabs(yr[i]));
+      const float s = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
+      bad_s += fbits(s) != fbits(gs[t]);
+      for (int i = 0; i < H; ++i) bad_q += gq[(size_t)t * H + i] != fp8_enc(yr[i] / s);
+    }
+    const size_t bad_h = count_diff(gh, hc.down());
+    report_exact("add_rmsnorm_router norm", fmt("%s: h vs chain %zu, rows no r fits %zu (ss ulps<=%d), rstd %zu, "
+                                               "fp8 %zu scale %zu",
+                                               name.c_str(), bad_h, bad_rows, max_ulp, bad_r, bad_q, bad_s),
+                 bad_h + bad_rows + bad_r + bad_q + bad_s);
+    // The selection and sort from y, and the chain's ids.
+    RouterData d;
+    d.x = gy;
+    d.W = W;
+    d.bias = bias;
+    d.logits.assign((size_t)T * E, 0.0);
+    for (int t = 0; t < T; ++t)
+      for (int e = 0; e < E; ++e) {
+        double s = 0;
+        for (int k = 0; k < H; ++k) s += (double)gy[(size_t)t * H + k] * W[(size_t)e * H + k];
+        d.logits[(size_t)t * E + e] = s;
+      }
+    const auto ids_chain = ioc.ids.down();
+    verify_fused("add_rmsnorm_router route", c, d, iof, &ids_chain);
+    {
+      std::vector<double> o(gy.begin(), gy.end()), rr;
+      for (float x : yc.down()) rr.push_back(x);
+      report("add_rmsnorm_router y vs chain", name, rel_err(o, rr), 1e-6);
+    }
+    // The step's form: the same bits everywhere.
+    size_t diff = count_diff(hg.down(), gh) + count_diff(sg.down(), gs) + count_diff(iog.ids.down(), iof.ids.down()) +
+                  count_diff(iog.w.down(), iof.w.down()) + count_diff(iog.off.down(), iof.off.down()) +
+                  count_diff(iog.glob.down(), iof.glob.down());
+    const auto q2 = qg.down();
+    for (size_t i = 0; i < n; ++i) diff += q2[i] != gq[i];
+    diff += check_align(iog.ids.down(), T, S, G, iog.off.down(), iog.rows.down(), iog.inv.down());
+    report_exact("add_rmsnorm_router without f32/rstd", name + ": outputs that differ", diff);
+  }
+  {
+    const auto h = ws.down();
+    size_t nz = 0;
+    for (size_t i = 0; i < 64; ++i) nz += h[i] != 0;
+    report_exact("add_rmsnorm_router counter", "workspace header zero after all launches", nz);
+  }
+  // A smaller cluster (the bench hook, C = 5 at H 5120): the formulas hold.
+  {
+    RouterCase c{24, 20, 5120, 8, 1, 1};
+    c.n_local = 20;
+    c.shared_local = 20;
+    const int T = c.T, H = c.H, S = case_slots(c), G = case_groups(c);
+    const size_t n = (size_t)T * H;
+    std::vector<float> h0(n), w(H), W((size_t)c.E * H), bias(c.E);
+    for (auto& x : h0) x = randn();
+    for (auto& x : w) x = bf16_round(randu(0.5f, 1.5f));
+    for (auto& x : W) x = randn() * 0.02f;
+    for (auto& x : bias) x = randn() * 0.1f;
+    Dev<float> dh(h0), dw(w), dW(W), db(bias), y(n), s(T);
+    Dev<uint8_t> q(n);
+    FusedIO io(T, c.K, S, G);
+    io.prepare(-1);
+    AddNormArgs a;
+    a.h = dh.p;
+    a.weight = dw.p;
+    a.rows = T;
+    a.hidden = H;
+    a.out_f32 = y.p;
+    a.out_q = q.p;
+    a.out_scale = s.p;
+    add_rmsnorm_router_set_cluster(5);
+    const cudaError_t e = add_rmsnorm_router(a, fused_args(c, nullptr, dW.p, db.p, io, ws.p), 0);
+    add_rmsnorm_router_set_cluster(0);
+    CK(e);
+    CK(cudaDeviceSynchronize());
+    const auto gy = y.down();
+    size_t bad = 0;
+    for (int t = 0; t < T; ++t) bad += norm_row_exact(h0.data() + (size_t)t * H, w.data(), gy.data() + (size_t)t * H, H, 1e-5f) < 0;
+    bad += check_align(io.ids.down(), T, S, G, io.off.down(), io.rows.down(), io.inv.down());
+    report_exact("add_rmsnorm_router C=5", fmt("T=%d: rows no r fits + align errors", T), bad);
+  }
+  // Refused: 1 or 65 rows, 33 experts, H % 128, rows != T, row_index, keep_h.
+  {
+    RouterCase c{8, 20, 5120, 8, 1, 1};
+    c.n_local = 20;
+    c.shared_local = 20;
+    Dev<float> h((size_t)65 * 5120), w(5120), W((size_t)33 * 5120), bias(33), s(65);
+    Dev<uint8_t> q((size_t)65 * 5120);
+    Dev<int> ix(8);
+    FusedIO io(65, 8, 9, 21);
+    AddNormArgs a;
+    a.h = h.p;
+    a.weight = w.p;
+    a.rows = 8;
+    a.hidden = 5120;
+    a.out_q = q.p;
+    a.out_scale = s.p;
+    auto run = [&](const AddNormArgs& n, RouterCase rc) {
+      return add_rmsnorm_router(n, fused_args(rc, nullptr, W.p, bias.p, io, ws.p), 0);
+    };
+    bool ok = !add_rmsnorm_router_supported(1, 20, 5120) && !add_rmsnorm_router_supported(65, 20, 5120) &&
+              !add_rmsnorm_router_supported(8, 33, 5120) && !add_rmsnorm_router_supported(8, 20, 5120 + 64);
+    RouterCase c1 = c;
+    c1.T = 1;
+    AddNormArgs a1 = a;
+    a1.rows = 1;
+    ok = ok && run(a1, c1) == cudaErrorNotSupported;
+    AddNormArgs b = a;
+    b.rows = 7;
+    ok = ok && run(b, c) == cudaErrorInvalidValue;
+    b = a;
+    b.row_index = ix.p;
+    ok = ok && run(b, c) == cudaErrorInvalidValue;
+    b = a;
+    b.keep_h = true;
+    ok = ok && run(b, c) == cudaErrorInvalidValue;
+    b = a;
+    b.out_q = nullptr;
+    ok = ok && run(b, c) == cudaErrorInvalidValue;
+    (void)cudaGetLastError();
+    report_exact("add_rmsnorm_router refused", "T 1 / 65, E 33, H % 128, rows != T, row_index, keep_h, no out_q",
+                 ok ? 0 : 1);
+  }
+}
+
 static void check_router_topk() {
   struct C {
     int T, E, K, ng, tg, nv;
@@ -2032,6 +2302,75 @@ static void bench_row(const char* what, int T, float prev_us, float new_us) {
   fflush(stdout);
 }
 
+// The post-attention norm + router at decode sizes: add_rmsnorm (o_proj's 3
+// K-split slices summed, FP8 + FP32 rows) + router_fused against
+// add_rmsnorm_router (C = 8, and the hook's C = 5 and 4), E = 20, top-1 of the
+// rank's 20 experts + the shared one. (--bench-norm-router: this alone.)
+static void bench_norm_router() {
+  const int H = 5120, NL = 20, S = 2, G = NL + 1, E = 20, splits = 3, Tmax = 64;
+  const int64_t stride = (int64_t)Tmax * H;
+  std::vector<float> hv((size_t)(splits + 1) * stride), wv(H), W((size_t)E * H), bias(E);
+  for (auto& v : hv) v = randn();
+  for (auto& v : wv) v = randu(0.5f, 1.5f);
+  for (auto& v : W) v = randn() * 0.02f;
+  for (auto& v : bias) v = randn() * 0.1f;
+  Dev<float> sl(hv), h(stride), wn(wv), outf(stride), sc(Tmax), dW(W), db(bias), w((size_t)Tmax * S);
+  CK(cudaMemcpy(h.p, sl.p + splits * stride, stride * 4, cudaMemcpyDeviceToDevice));
+  Dev<uint8_t> q(stride);
+  Dev<int> ids(Tmax * S), off(G + 1), rows(Tmax * S), inv(Tmax * S);
+  Dev<char> ws(router_fused_workspace_bytes(Tmax, E));
+  ws.zero();
+  for (int T : {2, 4, 8, 16, 32, 64}) {
+    AddNormArgs n;
+    n.h = h.p;
+    n.delta = sl.p;
+    n.delta_splits = splits;
+    n.delta_split_stride = stride;
+    n.weight = wn.p;
+    n.rows = T;
+    n.hidden = H;
+    n.out_q = q.p;
+    n.out_scale = sc.p;
+    RouterFusedArgs a;
+    a.sel.bias = db.p;
+    a.sel.T = T;
+    a.sel.E = E;
+    a.sel.top_k = 1;
+    a.sel.scale = 2.5f;
+    a.sel.n_local = NL;
+    a.sel.shared_local = NL;
+    a.sel.ids = ids.p;
+    a.sel.w = w.p;
+    a.x = outf.p;
+    a.W = dW.p;
+    a.H = H;
+    a.n_groups = G;
+    a.offsets = off.p;
+    a.sorted_rows = rows.p;
+    a.inv = inv.p;
+    a.workspace = ws.p;
+    AddNormArgs nc = n;
+    nc.out_f32 = outf.p;
+    const float tn = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm(nc, s)); });
+    const float tc = time_graph_us([&](cudaStream_t s) {
+      CK(add_rmsnorm(nc, s));
+      CK(router_fused(a, s));
+    });
+    const float tf = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm_router(n, a, s)); });
+    float tc5 = -1.f, tc4 = -1.f;
+    for (int cl : {5, 4}) {
+      if (cl == 4 && T > 4) continue;  // 8 rows of 1,280 columns: past a thread's 8 float4
+      add_rmsnorm_router_set_cluster(cl);
+      const float t = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm_router(n, a, s)); });
+      (cl == 5 ? tc5 : tc4) = t;
+    }
+    add_rmsnorm_router_set_cluster(0);
+    printf("%-44s T=%-4d norm %6.2f + router = %6.2f us   fused %6.2f us (C=5 %6.2f, C=4 %6.2f)   x%.2f\n",
+           "add_rmsnorm(3 slices)+router E=20 top-1", T, tn, tc, tf, tc5, tc4, tc / tf);
+    fflush(stdout);
+  }
+}
+
 static void bench(cublasHandle_t cb) {
   const int H = 5120, NQ = 12, NKV = 1, D = 128, I = 1536, NL = 20, S = 9, G = NL + 1, K = 8;
   const int Tmax = 256;
@@ -2320,6 +2659,7 @@ static void bench(cublasHandle_t cb) {
       fflush(stdout);
     }
   }
+  bench_norm_router();
   // Prefill sizes: the post-attention norm (FP8 rows + FP32 rows) and the
   // SGEMM router logits against the norm writing its per-row factors and
   // router_logits_normed reading the residual rows; three copies of the rows
@@ -2450,13 +2790,14 @@ static void check_spec_chain_rows() {
 
 int main(int argc, char** argv) {
   uint64_t seed = 0x5eed;
-  bool do_bench = false, only_bench = false;
+  bool do_bench = false, only_bench = false, only_nr = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
+    else if (!strcmp(argv[i], "--bench-norm-router")) only_nr = true;
     else {
-      fprintf(stderr, "usage: small_check [--seed N] [--bench] [--bench-only]\n");
+      fprintf(stderr, "usage: small_check [--seed N] [--bench] [--bench-only] [--bench-norm-router]\n");
       return 2;
     }
   }
@@ -2470,6 +2811,10 @@ int main(int argc, char** argv) {
   void* cublas_ws = nullptr;  // a fixed workspace, so cuBLAS calls can be graph-captured
   CK(cudaMalloc(&cublas_ws, 32u << 20));
   CKB(cublasSetWorkspace(cb, cublas_ws, 32u << 20));
+  if (only_nr) {  // one bench block alone (for ncu)
+    bench_norm_router();
+    return failed_checks() ? 1 : 0;
+  }
   if (!only_bench) {
     for (int H : {128, 132, 512, 5120, 6144, 8192, 8196, 130}) check_norm(H, H >= 5120 ? 9 : 5);
     check_norm_splits(5120, 64);
@@ -2483,6 +2828,7 @@ int main(int argc, char** argv) {
     check_router_fused(cb);
     check_router_fused_forms();
     check_router_logits_normed(cb);
+    check_add_rmsnorm_router(cb);
     check_quant_prev();
     check_combine_prev();
     check_combine_norm();
