@@ -669,7 +669,7 @@ size_t router_fused_workspace_bytes(int T, int E);
 cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st);
 
 // add_rmsnorm(n) followed by router_fused(a) on its output rows, in one
-// launch (thread-block clusters, sm_90) for 2..64 decode rows: n.h += delta
+// launch (thread-block clusters, sm_90) for 2..112 decode rows: n.h += delta
 // (its slices summed in order), y = RMSNorm(h) quantized into n.out_q /
 // n.out_scale (n.out_f32 / n.out_rstd written if set), and a's selection and
 // sort on y (a.x unused). Each element's operations are add_rmsnorm's and the

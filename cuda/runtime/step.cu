@@ -778,10 +778,10 @@ constexpr int kRouterFromHMinRows = GLMRT_ROUTER_FROM_H_MIN_ROWS;
 // Whether a MoE layer's post-attention norm and router are one launch
 // (add_rmsnorm_router: E <= 32, thread-block clusters) instead of add_rmsnorm
 // + router_fused: from GLMRT_NORM_ROUTER_MIN_ROWS rows (a step's policy rows)
-// to the kernel's 64 (0: never; A/B libraries). H200, rank share, 2k context
+// to the kernel's 112 (0: never; A/B libraries). H200, rank share, 2k context
 // (docs/perf.md, 2026-11-28 eighth session), decode step ms, the two launches
-// -> one: batch 32 15.57 -> 15.23, 48 17.03 -> 16.9, 64 18.03 -> 17.8, 16
-// unchanged; but from 2 rows batch 2 5.68 -> 5.77, 4 6.89 -> 6.94, 8 8.98 ->
+// -> one: batch 32 15.57 -> 15.23, 48 17.03 -> 16.9, 64 18.03 -> 17.8, 96
+// 20.23 -> 20.1, 112 20.67 -> 20.47 (moe.cu kNrMaxT), 16 unchanged; but from 2 rows batch 2 5.68 -> 5.77, 4 6.89 -> 6.94, 8 8.98 ->
 // 9.12, where the experts' gate|up is launched early under the router and
 // prefetches the shared expert into L2.
 #ifndef GLMRT_NORM_ROUTER_MIN_ROWS

@@ -1691,6 +1691,9 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
     c.T = 4;
     c.n_valid = 0;
     cases.push_back({c, 0});
+    c.T = 100;  // 13 tiles, no delta (o_proj added into h past 64 rows)
+    c.n_valid = -1;
+    cases.push_back({c, 0});
     c = RouterCase{64, 32, 8192, 8, 1, 1};  // the largest slice (S = 1024, 8 rows: 2,048 float4)
     c.expert_begin = 0;
     c.n_local = 32;
@@ -1887,10 +1890,10 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
     RouterCase c{8, 20, 5120, 8, 1, 1};
     c.n_local = 20;
     c.shared_local = 20;
-    Dev<float> h((size_t)65 * 5120), w(5120), W((size_t)33 * 5120), bias(33), s(65);
-    Dev<uint8_t> q((size_t)65 * 5120);
+    Dev<float> h((size_t)113 * 5120), w(5120), W((size_t)33 * 5120), bias(33), s(113);
+    Dev<uint8_t> q((size_t)113 * 5120);
     Dev<int> ix(8);
-    FusedIO io(65, 8, 9, 21);
+    FusedIO io(113, 8, 9, 21);
     AddNormArgs a;
     a.h = h.p;
     a.weight = w.p;
@@ -1901,7 +1904,7 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
     auto run = [&](const AddNormArgs& n, RouterCase rc) {
       return add_rmsnorm_router(n, fused_args(rc, nullptr, W.p, bias.p, io, ws.p), 0);
     };
-    bool ok = !add_rmsnorm_router_supported(1, 20, 5120) && !add_rmsnorm_router_supported(65, 20, 5120) &&
+    bool ok = !add_rmsnorm_router_supported(1, 20, 5120) && !add_rmsnorm_router_supported(113, 20, 5120) &&
               !add_rmsnorm_router_supported(8, 33, 5120) && !add_rmsnorm_router_supported(8, 20, 5120 + 64);
     RouterCase c1 = c;
     c1.T = 1;
@@ -1921,7 +1924,7 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
     b.out_q = nullptr;
     ok = ok && run(b, c) == cudaErrorInvalidValue;
     (void)cudaGetLastError();
-    report_exact("add_rmsnorm_router refused", "T 1 / 65, E 33, H % 128, rows != T, row_index, keep_h, no out_q",
+    report_exact("add_rmsnorm_router refused", "T 1 / 113, E 33, H % 128, rows != T, row_index, keep_h, no out_q",
                  ok ? 0 : 1);
   }
 }
