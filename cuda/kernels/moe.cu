@@ -318,6 +318,35 @@ __device__ __forceinline__ void rf_sum_partials(const float* p, int64_t stride, 
       n_ks, items, out, [&](int it) { return p + it; }, [&](const float* q, int ks) { return __ldcg(q + ks * stride); });
 }
 
+// One K step of a lane of the router's warp tiles (rf_tile_partials,
+// add_rmsnorm_router): acc[m * 4 + n] += x_m . w_n over a float4, the FMAs in
+// x, y, z, w order, so both kernels' partials round alike.
+template <int RM>
+__device__ __forceinline__ void rf_fma_step(float (&acc)[RM * kRfRN], const float4 (&xv)[RM],
+                                            const float4 (&wv)[kRfRN]) {
+#pragma unroll
+  for (int m = 0; m < RM; ++m)
+#pragma unroll
+    for (int n = 0; n < kRfRN; ++n) {
+      float s = acc[m * kRfRN + n];
+      s = fmaf(xv[m].x, wv[n].x, s);
+      s = fmaf(xv[m].y, wv[n].y, s);
+      s = fmaf(xv[m].z, wv[n].z, s);
+      s = fmaf(xv[m].w, wv[n].w, s);
+      acc[m * kRfRN + n] = s;
+    }
+}
+// The warp's RM x 4 tile summed over its lanes (warp_transpose_sum) into
+// out[m * 4 + n].
+template <int RM>
+__device__ __forceinline__ void rf_warp_tile_out(float (&acc)[RM * kRfRN], float* out) {
+  constexpr int N = RM * kRfRN;
+  const int lane = threadIdx.x & 31;
+  const float tot = warp_transpose_sum<N>(acc);
+  constexpr int kShift = 5 - Log2<N>::value;
+  if ((lane & ((1 << kShift) - 1)) == 0) out[lane >> kShift] = tot;
+}
+
 // Phase 1 of both forms: the partial logits of one CTA's token tile (t0, tn
 // live tokens), expert tile et and K chunk ks. out(m, j, v) receives token
 // t0 + m's logit of expert et * WN * 4 + j over the chunk, for m < tn and
@@ -355,21 +384,9 @@ __device__ __forceinline__ void rf_tile_partials(const RouterFusedArgs& a, const
       for (int n = 0; n < kRfRN; ++n) wv[n] = ld_nc_na_f4(wr[n] + k, wpol);
 #pragma unroll
       for (int m = 0; m < RM; ++m) xv[m] = __ldg(reinterpret_cast<const float4*>(xr[m] + k));
-#pragma unroll
-      for (int m = 0; m < RM; ++m)
-#pragma unroll
-        for (int n = 0; n < kRfRN; ++n) {
-          float s = acc[m * kRfRN + n];
-          s = fmaf(xv[m].x, wv[n].x, s);
-          s = fmaf(xv[m].y, wv[n].y, s);
-          s = fmaf(xv[m].z, wv[n].z, s);
-          s = fmaf(xv[m].w, wv[n].w, s);
-          acc[m * kRfRN + n] = s;
-        }
+      rf_fma_step<RM>(acc, xv, wv);
     }
-    const float tot = warp_transpose_sum<N>(acc);
-    constexpr int kShift = 5 - Log2<N>::value;
-    if ((lane & ((1 << kShift) - 1)) == 0) s_red[warp][lane >> kShift] = tot;
+    rf_warp_tile_out<RM>(acc, s_red[warp]);
   }
   __syncthreads();
   // Tile outputs: WN x N values, summed over the WK warps along K in order.
@@ -855,33 +872,35 @@ cudaError_t router_fused(const RouterFusedArgs& a, cudaStream_t st) {
 // ------------------------------------------------- post-attention norm + router
 // add_rmsnorm_router (kernels.h): add_rmsnorm's residual add, RMSNorm and FP8
 // rows and router_fused's selection and sort in one launch, for 2..112 decode
-// rows. One thread-block cluster of C CTAs per tile of RM rows; CTA c of a
-// cluster owns the columns [c*S, (c+1)*S) of the hidden size (S = H / C, a
-// multiple of 128):
-//   1. the router's slice (E x S floats) and the norm weights' slice into
-//      shared memory by cp.async; the rows' slice v = h + delta (delta's
-//      slices summed in order first, as add_rmsnorm), h stored back; each
+// rows. One thread-block cluster of C CTAs (512 threads) per tile of RM rows;
+// CTA c of a cluster owns the columns [c*S, (c+1)*S) of the hidden size
+// (S = H / C, a multiple of 128):
+//   1. the rows' slice v = h + delta (delta's slices, their loads in flight
+//      together, summed in order first, as add_rmsnorm), h stored back; then
+//      the router's slice (E x S floats) and the norm weights' slice on their
+//      way into shared memory by cp.async (the rows are needed first); each
 //      row's partial sum of squares (a warp a row).
 //   2. cluster barrier; every CTA sums a row's C partials in rank order (the
 //      same float adds in every CTA, so one r a row), makes y = w * (v * r)
 //      (add_rmsnorm's operations on each element), its partial amax, and its
 //      partial logits y . W^T over the slice (rf_tile_partials' warp tiles,
-//      from shared memory).
+//      16 warps, from shared memory).
 //   3. cluster barrier; every CTA takes a row's amax over the cluster and
-//      writes its FP8 slice with the row's scale; the leader sums the logit
-//      partials in rank order, selects every row of the tile (route_token)
-//      and sorts (align_block) — past one tile, the leader that finishes
-//      last (a counter in the workspace), as router_fused does.
+//      writes its FP8 slice with the row's scale; first, the leader sums the
+//      logit partials in rank order, selects every row of the tile
+//      (route_token) and sorts (align_block): one tile's ids from its shared
+//      memory; past one tile, the leader that finishes last (a counter in the
+//      workspace) sorts every id, as router_fused does.
 // Partials travel by remote stores before each barrier's arrive (each CTA
 // writes its sums of squares and amaxes into every CTA's shared memory, its
-// logits into the leader's), so after a barrier every read is local: read
-// remotely after it, one CTA's partials after another's, they cost ~1 us a
-// barrier (H200, small_check --bench).
+// logits into the leader's), so after a barrier every read is local and no
+// CTA touches another's shared memory after the second barrier.
 // So the post-attention norm and the router are one launch, the FP32 rows
 // are not written and read back, and one hand-off goes through global memory
 // instead of two (none for one tile). r may differ from add_rmsnorm's by an
 // ulp (another order of the sum of squares), so the FP8 rows may differ from
 // its in a few codes; every formula is add_rmsnorm's and router_topk's.
+// docs/perf.md (2026-11-28, eighth session): where its ~12 us go.
 namespace {
 
 constexpr int kNrThreads = 512;
@@ -1091,21 +1110,9 @@ __global__ void __launch_bounds__(kNrThreads, 1)
         for (int j = 0; j < kRfRN; ++j) wv[j] = *reinterpret_cast<const float4*>(s_w + eo[j] + k);
 #pragma unroll
         for (int m = 0; m < RM; ++m) xv[m] = *reinterpret_cast<const float4*>(s_y + m * S + k);
-#pragma unroll
-        for (int m = 0; m < RM; ++m)
-#pragma unroll
-          for (int j = 0; j < kRfRN; ++j) {
-            float s = acc[m * kRfRN + j];
-            s = fmaf(xv[m].x, wv[j].x, s);
-            s = fmaf(xv[m].y, wv[j].y, s);
-            s = fmaf(xv[m].z, wv[j].z, s);
-            s = fmaf(xv[m].w, wv[j].w, s);
-            acc[m * kRfRN + j] = s;
-          }
+        rf_fma_step<RM>(acc, xv, wv);
       }
-      const float tot = warp_transpose_sum<N>(acc);
-      constexpr int kShift = 5 - Log2<N>::value;
-      if ((lane & ((1 << kShift) - 1)) == 0) s_red[warp][lane >> kShift] = tot;
+      rf_warp_tile_out<RM>(acc, s_red[warp]);
     }
     __syncthreads();
     if (tid < sh.WN * N) {  // summed over the warps along K in order

@@ -2305,6 +2305,32 @@ static void bench_row(const char* what, int T, float prev_us, float new_us) {
   fflush(stdout);
 }
 
+// router_fused's arguments in the benches: top-k of E, rank 0's NL experts and
+// the shared expert (group NL), scale 2.5, no padding rows.
+static RouterFusedArgs bench_router_args(int T, int E, int K, int NL, int H, const float* x, const float* W,
+                                         const float* bias, int* ids, float* w, int* off, int* rows, int* inv,
+                                         void* ws) {
+  RouterFusedArgs a;
+  a.sel.bias = bias;
+  a.sel.T = T;
+  a.sel.E = E;
+  a.sel.top_k = K;
+  a.sel.scale = 2.5f;
+  a.sel.n_local = NL;
+  a.sel.shared_local = NL;
+  a.sel.ids = ids;
+  a.sel.w = w;
+  a.x = x;
+  a.W = W;
+  a.H = H;
+  a.n_groups = NL + 1;
+  a.offsets = off;
+  a.sorted_rows = rows;
+  a.inv = inv;
+  a.workspace = ws;
+  return a;
+}
+
 // The post-attention norm + router at decode sizes: add_rmsnorm (o_proj's 3
 // K-split slices summed, FP8 + FP32 rows) + router_fused against
 // add_rmsnorm_router (C = 8, and the hook's C = 5 and 4), E = 20, top-1 of the
@@ -2334,24 +2360,7 @@ static void bench_norm_router() {
     n.hidden = H;
     n.out_q = q.p;
     n.out_scale = sc.p;
-    RouterFusedArgs a;
-    a.sel.bias = db.p;
-    a.sel.T = T;
-    a.sel.E = E;
-    a.sel.top_k = 1;
-    a.sel.scale = 2.5f;
-    a.sel.n_local = NL;
-    a.sel.shared_local = NL;
-    a.sel.ids = ids.p;
-    a.sel.w = w.p;
-    a.x = outf.p;
-    a.W = dW.p;
-    a.H = H;
-    a.n_groups = G;
-    a.offsets = off.p;
-    a.sorted_rows = rows.p;
-    a.inv = inv.p;
-    a.workspace = ws.p;
+    const RouterFusedArgs a = bench_router_args(T, E, 1, NL, H, outf.p, dW.p, db.p, ids.p, w.p, off.p, rows.p, inv.p, ws.p);
     AddNormArgs nc = n;
     nc.out_f32 = outf.p;
     const float tn = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm(nc, s)); });
@@ -2611,24 +2620,7 @@ static void bench(cublasHandle_t cb) {
       RouterCase c{T, E, H, K, 1, 1};
       c.n_local = NL;
       c.shared_local = NL;
-      RouterFusedArgs a;
-      a.sel.bias = db.p;
-      a.sel.T = T;
-      a.sel.E = E;
-      a.sel.top_k = K;
-      a.sel.scale = 2.5f;
-      a.sel.n_local = NL;
-      a.sel.shared_local = NL;
-      a.sel.ids = ids.p;
-      a.sel.w = w.p;
-      a.x = big.p;
-      a.W = dW.p;
-      a.H = H;
-      a.n_groups = G;
-      a.offsets = off.p;
-      a.sorted_rows = rows.p;
-      a.inv = inv.p;
-      a.workspace = ws.p;
+      const RouterFusedArgs a = bench_router_args(T, E, K, NL, H, big.p, dW.p, db.p, ids.p, w.p, off.p, rows.p, inv.p, ws.p);
       const float tu = time_graph_us([&](cudaStream_t s) {
         run_unfused(cb, c, big.p, dW.p, db.p, logits.p, nullptr, ids.p, w.p, off.p, rows.p, inv.p, s);
       });
