@@ -780,9 +780,9 @@ constexpr int kRouterFromHMinRows = GLMRT_ROUTER_FROM_H_MIN_ROWS;
 // + router_fused: from GLMRT_NORM_ROUTER_MIN_ROWS rows (a step's policy rows)
 // to the kernel's 112 (0: never; A/B libraries). H200, rank share, 2k context
 // (docs/perf.md, 2026-11-28 eighth session), decode step ms, the two launches
-// -> one: batch 2 5.71 -> 5.65, 4 6.92 -> 6.84, 8 9.04 -> 8.97, 32 15.57 ->
-// 15.23, 48 17.03 -> 16.9, 64 18.03 -> 17.8, 96 20.23 -> 20.1, 112 20.67 ->
-// 20.47 (moe.cu kNrMaxT), 16 unchanged.
+// -> one: batch 2 5.71 -> 5.65, 4 6.92 -> 6.84, 8 9.04 -> 8.97, 16 12.2 ->
+// 12.05, 32 15.57 -> 15.23, 48 17.03 -> 16.9, 64 18.03 -> 17.8, 96 20.23 ->
+// 20.1, 112 20.67 -> 20.47 (moe.cu kNrMaxT).
 #ifndef GLMRT_NORM_ROUTER_MIN_ROWS
 #define GLMRT_NORM_ROUTER_MIN_ROWS 2
 #endif
