@@ -1667,6 +1667,33 @@ static void check_router_fused_forms() {
 // logits of y (and the chain's ids away from near-ties), the sort against the
 // ids; y within 1e-6 of the chain's; a second launch without out_f32 /
 // out_rstd bit-identical in every output.
+// The device state of one norm (+ router) run of check_add_rmsnorm_router:
+// the residual rows from h0, poisoned outputs, the router's outputs prepared
+// for the case's valid rows.
+struct NormRouterRun {
+  Dev<float> h, y, s, r;
+  Dev<uint8_t> q;
+  FusedIO io;
+  NormRouterRun(const std::vector<float>& h0, const RouterCase& c, int S, int G)
+      : h(h0), y(h0.size()), s(c.T), r(c.T), q(h0.size()), io(c.T, c.K, S, G) {
+    y.poison();
+    s.poison();
+    r.poison();
+    q.poison();
+    io.prepare(c.n_valid);
+  }
+  // base with this run's rows and outputs (out_f32 / out_rstd if asked).
+  AddNormArgs args(const AddNormArgs& base, bool f32, bool rstd) {
+    AddNormArgs a = base;
+    a.h = h.p;
+    a.out_f32 = f32 ? y.p : nullptr;
+    a.out_rstd = rstd ? r.p : nullptr;
+    a.out_q = q.p;
+    a.out_scale = s.p;
+    return a;
+  }
+};
+
 struct NormRouterCase {
   RouterCase rc;
   int splits;  // 0: no delta; 1: one delta; > 1: K-split slices
@@ -1752,48 +1779,19 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
     na.delta_splits = nc.splits > 1 ? nc.splits : 1;
     na.delta_split_stride = nc.splits > 1 ? stride : 0;
     // The chain: add_rmsnorm (FP32 rows for the router) + router_fused.
-    Dev<float> hc(h0), yc(n), sc(T);
-    Dev<uint8_t> qc(n);
-    FusedIO ioc(T, c.K, S, G);
-    ioc.prepare(c.n_valid);
-    AddNormArgs a = na;
-    a.h = hc.p;
-    a.out_f32 = yc.p;
-    a.out_q = qc.p;
-    a.out_scale = sc.p;
+    NormRouterRun ch(h0, c, S, G);
+    const AddNormArgs a = ch.args(na, true, false);
     CK(add_rmsnorm(a, 0));
-    CK(router_fused(fused_args(c, yc.p, dW.p, db.p, ioc, ws.p), 0));
+    CK(router_fused(fused_args(c, ch.y.p, dW.p, db.p, ch.io, ws.p), 0));
     // The fused launch, every output.
-    Dev<float> hf(h0), yf(n), sf(T), rf(T);
-    Dev<uint8_t> qf(n);
-    yf.poison();
-    sf.poison();
-    rf.poison();
-    qf.poison();
-    FusedIO iof(T, c.K, S, G);
-    iof.prepare(c.n_valid);
-    AddNormArgs b = na;
-    b.h = hf.p;
-    b.out_f32 = yf.p;
-    b.out_rstd = rf.p;
-    b.out_q = qf.p;
-    b.out_scale = sf.p;
-    CK(add_rmsnorm_router(b, fused_args(c, nullptr, dW.p, db.p, iof, ws.p), 0));
+    NormRouterRun fu(h0, c, S, G);
+    CK(add_rmsnorm_router(fu.args(na, true, true), fused_args(c, nullptr, dW.p, db.p, fu.io, ws.p), 0));
     // Again without out_f32 / out_rstd (the step's form).
-    Dev<float> hg(h0), sg(T);
-    Dev<uint8_t> qg(n);
-    sg.poison();
-    qg.poison();
-    FusedIO iog(T, c.K, S, G);
-    iog.prepare(c.n_valid);
-    AddNormArgs g = na;
-    g.h = hg.p;
-    g.out_q = qg.p;
-    g.out_scale = sg.p;
-    CK(add_rmsnorm_router(g, fused_args(c, nullptr, dW.p, db.p, iog, ws.p), 0));
+    NormRouterRun st(h0, c, S, G);
+    CK(add_rmsnorm_router(st.args(na, false, false), fused_args(c, nullptr, dW.p, db.p, st.io, ws.p), 0));
     CK(cudaDeviceSynchronize());
-    const auto gh = hf.down(), gy = yf.down(), gs = sf.down(), gr = rf.down();
-    const auto gq = qf.down();
+    const auto gh = fu.h.down(), gy = fu.y.down(), gs = fu.s.down(), gr = fu.r.down();
+    const auto gq = fu.q.down();
     // The formulas.
     size_t bad_rows = 0, bad_q = 0, bad_s = 0, bad_r = 0;
     int max_ulp = 0;
@@ -1811,7 +1809,7 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
       bad_s += fbits(s) != fbits(gs[t]);
       for (int i = 0; i < H; ++i) bad_q += gq[(size_t)t * H + i] != fp8_enc(yr[i] / s);
     }
-    const size_t bad_h = count_diff(gh, hc.down());
+    const size_t bad_h = count_diff(gh, ch.h.down());
     report_exact("add_rmsnorm_router norm", fmt("%s: h vs chain %zu, rows no r fits %zu (ss ulps<=%d), rstd %zu, "
                                                "fp8 %zu scale %zu",
                                                name.c_str(), bad_h, bad_rows, max_ulp, bad_r, bad_q, bad_s),
@@ -1828,20 +1826,20 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
         for (int k = 0; k < H; ++k) s += (double)gy[(size_t)t * H + k] * W[(size_t)e * H + k];
         d.logits[(size_t)t * E + e] = s;
       }
-    const auto ids_chain = ioc.ids.down();
-    verify_fused("add_rmsnorm_router route", c, d, iof, &ids_chain);
+    const auto ids_chain = ch.io.ids.down();
+    verify_fused("add_rmsnorm_router route", c, d, fu.io, &ids_chain);
     {
       std::vector<double> o(gy.begin(), gy.end()), rr;
-      for (float x : yc.down()) rr.push_back(x);
+      for (float x : ch.y.down()) rr.push_back(x);
       report("add_rmsnorm_router y vs chain", name, rel_err(o, rr), 1e-6);
     }
     // The step's form: the same bits everywhere.
-    size_t diff = count_diff(hg.down(), gh) + count_diff(sg.down(), gs) + count_diff(iog.ids.down(), iof.ids.down()) +
-                  count_diff(iog.w.down(), iof.w.down()) + count_diff(iog.off.down(), iof.off.down()) +
-                  count_diff(iog.glob.down(), iof.glob.down());
-    const auto q2 = qg.down();
+    size_t diff = count_diff(st.h.down(), gh) + count_diff(st.s.down(), gs) +
+                  count_diff(st.io.ids.down(), fu.io.ids.down()) + count_diff(st.io.w.down(), fu.io.w.down()) +
+                  count_diff(st.io.off.down(), fu.io.off.down()) + count_diff(st.io.glob.down(), fu.io.glob.down());
+    const auto q2 = st.q.down();
     for (size_t i = 0; i < n; ++i) diff += q2[i] != gq[i];
-    diff += check_align(iog.ids.down(), T, S, G, iog.off.down(), iog.rows.down(), iog.inv.down());
+    diff += check_align(st.io.ids.down(), T, S, G, st.io.off.down(), st.io.rows.down(), st.io.inv.down());
     report_exact("add_rmsnorm_router without f32/rstd", name + ": outputs that differ", diff);
   }
   {
