@@ -186,6 +186,46 @@ __global__ void __launch_bounds__(kNormThreads, NV <= 5 ? kNormMinBlocks : 1) ad
   norm_row_tail<NV>(a, i, v, w, scratch);
 }
 
+// Prefill-sized norms without a delta (the post-attention norm, o_proj having
+// been added into h): a CTA takes rows blockIdx.x, + gridDim.x, ..., and
+// requests the next row's h before reducing the current one, so its loads are
+// in flight through the reductions and the stores (the one-row-a-CTA kernel
+// idles HBM in those phases: 2,048 rows at ~45% of HBM, ncu 2026-11-28).
+// The same per-row operations (norm_row_tail), so the same bits.
+template <int NV>
+__global__ void __launch_bounds__(kNormThreads, kNormMinBlocks) add_rmsnorm_rows_kernel(AddNormArgs a) {
+  pdl_launch_dependents();
+  __shared__ float scratch[32];
+  const int n4 = a.hidden >> 2;
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const float4* w4 = reinterpret_cast<const float4*>(a.weight);
+  auto load_row = [&](int i, float4 (&v)[NV]) {
+    const int src = a.row_index ? a.row_index[i] : i;
+    const float4* h4 = reinterpret_cast<const float4*>(a.h + (int64_t)src * a.hidden);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) v[k] = h4[c];
+    }
+  };
+  int i = blockIdx.x;
+  float4 v[NV];
+  if (i < a.rows) load_row(i, v);
+  for (; i < a.rows; i += gridDim.x) {
+    float4 vn[NV];
+    if (i + (int)gridDim.x < a.rows) load_row(i + gridDim.x, vn);
+    float4 w[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) w[k] = __ldg(w4 + c);
+    }
+    norm_row_tail<NV>(a, i, v, w, scratch);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) v[k] = vn[k];
+  }
+}
+
 // Calls launch(std::integral_constant<int, NV>) for NV = nv, 1..7, and 8
 // beyond: the register-row kernels are instantiated per NV.
 template <typename F>
@@ -484,6 +524,14 @@ int g_rope_tpc = 0;
 // small_check --bench, 2,048 tokens with the epilogue folded (28.3 MB): 1 a
 // CTA 20.8 us, 2 14.3, 4 13.3 (48% of HBM), 8 17.8.
 constexpr int kRopeTokensMinT = 512;
+// From this many rows a norm without a delta runs add_rmsnorm_rows_kernel.
+#ifndef GLMK_NORM_ROWS_MIN_ROWS
+#define GLMK_NORM_ROWS_MIN_ROWS 512
+#endif
+constexpr int kNormRowsMinRows = GLMK_NORM_ROWS_MIN_ROWS;
+// Tests and benches: the rows kernel from this many rows instead (0: the
+// default; a huge value: never).
+int g_norm_rows_min = 0;
 
 // One float4 per thread up to 256 of them (whole warps), else 256 threads x NV.
 int norm_vec_per_thread(int hidden) { return (hidden / 4 + kNormThreads - 1) / kNormThreads; }
@@ -511,6 +559,17 @@ cudaError_t add_rmsnorm(const AddNormArgs& a, cudaStream_t st) {
   }
   const int nv = norm_vec_per_thread(a.hidden);
   const int threads = norm_vec_threads(a.hidden);
+  if (!a.delta && a.rows >= (g_norm_rows_min > 0 ? g_norm_rows_min : kNormRowsMinRows) && nv <= 5) {
+    int dev = 0;
+    DeviceInfo di;
+    const cudaError_t e = device_info(dev, di);
+    if (e != cudaSuccess) return e;
+    const int grid = std::min(a.rows, di.sms * kNormMinBlocks);
+    with_norm_vec(nv, [&](auto NV) {
+      if constexpr (decltype(NV)::value <= 5) add_rmsnorm_rows_kernel<decltype(NV)::value><<<grid, threads, 0, st>>>(a);
+    });
+    return cudaGetLastError();
+  }
   with_norm_vec(nv, [&](auto NV) { add_rmsnorm_vec_kernel<decltype(NV)::value><<<a.rows, threads, 0, st>>>(a); });
   return cudaGetLastError();
 }
@@ -577,5 +636,8 @@ cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st) {
 // Test / bench hook (not in kernels.h; small_check declares it): tokens a CTA
 // of qk_norm_rope_kv_write — 1 (the one-token kernel), 2, 4 or 8 — or 0 (by T).
 void qk_rope_set_tokens_per_cta(int tpc) { g_rope_tpc = tpc; }
+// Test / bench hook (small_check declares it): add_rmsnorm_rows_kernel from
+// this many rows (0: kNormRowsMinRows).
+void add_rmsnorm_set_rows_min(int rows) { g_norm_rows_min = rows; }
 
 }  // namespace glmk

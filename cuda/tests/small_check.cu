@@ -5,7 +5,7 @@
 // moe_combine, quant_rows_fp8, silu_mul_quant_fp8, embed_gather,
 // spec_chain_rows.
 //
-//   small_check [--seed N] [--bench] [--bench-only] [--bench-norm-router]
+//   small_check [--seed N] [--bench] [--bench-only] [--bench-norm-router] [--bench-norm-rows]
 //
 // Correctness: fresh random inputs, outputs poisoned before each run and checked
 // fully written (and, where a kernel must not write, untouched); float64 CPU
@@ -56,6 +56,8 @@ void router_logits_normed_force_fma(bool on);
 void qk_rope_set_tokens_per_cta(int tpc);
 // The largest cluster add_rmsnorm_router's plan may take (0: the portable 8).
 void add_rmsnorm_router_set_cluster(int max_c);
+// add_rmsnorm's several-rows-a-CTA kernel (no delta) from this many rows (0: the default).
+void add_rmsnorm_set_rows_min(int rows);
 }  // namespace glmk
 
 using namespace glmk;
@@ -703,6 +705,60 @@ static std::vector<float> slices_with_sum(size_t n, int S, int64_t stride, std::
       sum[i] = s == 0 ? v : sum[i] + v;
     }
   return sl;
+}
+
+// Prefill-sized norms without a delta take add_rmsnorm_rows_kernel (several
+// rows a CTA, the next row's loads ahead): bit for bit the one-row-a-CTA
+// kernel (forced by the hook) on every output, with and without row_index.
+static void check_norm_rows(int H, int rows) {
+  std::vector<float> h0((size_t)rows * H), w(H);
+  for (auto& v : h0) v = randn() * 2;
+  for (auto& v : w) v = randu(0.5f, 1.5f);
+  std::vector<int> idx(rows);
+  for (int i = 0; i < rows; ++i) idx[i] = (i * 7 + 3) % rows;
+  Dev<float> dh(h0), dw(w);
+  Dev<int> didx(idx);
+  const size_t n = (size_t)rows * H;
+  for (int indexed = 0; indexed < 2; ++indexed) {
+    std::vector<float> y[2], sc[2], rs[2], hh[2];
+    std::vector<uint8_t> q[2];
+    for (int form = 0; form < 2; ++form) {  // 0: one row a CTA, 1: the rows kernel
+      Dev<float> y2(n), s2(rows), r2(rows);
+      Dev<uint8_t> q2(n);
+      y2.poison();
+      s2.poison();
+      r2.poison();
+      q2.poison();
+      AddNormArgs a;
+      a.h = dh.p;
+      a.weight = dw.p;
+      a.rows = rows;
+      a.hidden = H;
+      a.eps = 1e-5f;
+      a.row_index = indexed ? didx.p : nullptr;
+      a.out_f32 = y2.p;
+      a.out_q = q2.p;
+      a.out_scale = s2.p;
+      a.out_rstd = r2.p;
+      add_rmsnorm_set_rows_min(form == 0 ? 1 << 30 : 1);
+      CK(add_rmsnorm(a, 0));
+      add_rmsnorm_set_rows_min(0);
+      CK(cudaDeviceSynchronize());
+      y[form] = y2.down();
+      q[form] = q2.down();
+      sc[form] = s2.down();
+      rs[form] = r2.down();
+      hh[form] = dh.down();
+    }
+    size_t bad = count_diff(y[0], y[1]) + count_diff(q[0], q[1]) + count_diff(sc[0], sc[1]) +
+                 count_diff(rs[0], rs[1]) + count_diff(hh[0], h0) + count_diff(hh[1], h0);
+    for (float v : y[1]) bad += std::isnan(v);  // every output written (poisoned before)
+    for (float v : sc[1]) bad += std::isnan(v);
+    for (float v : rs[1]) bad += std::isnan(v);
+    for (uint8_t v : q[1]) bad += v == 0xff;
+    report_exact("add_rmsnorm rows kernel vs one row a CTA",
+                 fmt("H=%d rows %d%s: differ %zu", H, rows, indexed ? " row_index" : "", bad), bad);
+  }
 }
 
 static void check_norm_splits(int H, int rows) {
@@ -2381,6 +2437,46 @@ static void bench_norm_router() {
   }
 }
 
+// The prefill post-attention norm (no delta; FP8 rows, scales and 1/rms out)
+// at H 5,120: one row a CTA against several rows a CTA with the next row's
+// loads ahead; the rows rotated over >= 120 MB so they come from HBM.
+// (--bench-norm-rows: this alone.)
+static void bench_norm_rows() {
+  const int H = 5120;
+  for (int T : {512, 2048, 8192}) {
+    const size_t rowsz = (size_t)T * H;
+    const int copies = std::max<int>(1, (int)((120u << 20) / (rowsz * 4)) + 1);
+    std::vector<float> hv(rowsz * copies), wv(H);
+    for (auto& v : hv) v = randn();
+    for (auto& v : wv) v = randu(0.5f, 1.5f);
+    Dev<float> h(hv), w(wv), sc(T), rs(T);
+    Dev<uint8_t> q(rowsz);
+    auto args = [&](int i) {
+      AddNormArgs a;
+      a.h = h.p + (size_t)(i % copies) * rowsz;
+      a.weight = w.p;
+      a.rows = T;
+      a.hidden = H;
+      a.out_q = q.p;
+      a.out_scale = sc.p;
+      a.out_rstd = rs.p;
+      return a;
+    };
+    float us[2];
+    for (int form = 0; form < 2; ++form) {
+      add_rmsnorm_set_rows_min(form == 0 ? 1 << 30 : 1);
+      us[form] = graph_replay_ms([&](int i, cudaStream_t s) { CK(add_rmsnorm(args(i), s)); }, 20, 11, 3, 3) *
+                 1000.f / 20;
+      add_rmsnorm_set_rows_min(0);
+    }
+    const double mb = (double)T * (H * 4 + H + 8) / 1e6;
+    printf("%-44s T=%-4d one row a CTA %8.2f us (%.0f%% of 4.46 TB/s)   rows a CTA %8.2f us (%.0f%%)\n",
+           "add_rmsnorm H=5120 no delta -> fp8+rstd", T, us[0], mb / us[0] / 4.46 * 100, us[1],
+           mb / us[1] / 4.46 * 100);
+    fflush(stdout);
+  }
+}
+
 static void bench(cublasHandle_t cb) {
   const int H = 5120, NQ = 12, NKV = 1, D = 128, I = 1536, NL = 20, S = 9, G = NL + 1, K = 8;
   const int Tmax = 256;
@@ -2653,6 +2749,7 @@ static void bench(cublasHandle_t cb) {
     }
   }
   bench_norm_router();
+  bench_norm_rows();
   // Prefill sizes: the post-attention norm (FP8 rows + FP32 rows) and the
   // SGEMM router logits against the norm writing its per-row factors and
   // router_logits_normed reading the residual rows; three copies of the rows
@@ -2783,14 +2880,16 @@ static void check_spec_chain_rows() {
 
 int main(int argc, char** argv) {
   uint64_t seed = 0x5eed;
-  bool do_bench = false, only_bench = false, only_nr = false;
+  bool do_bench = false, only_bench = false, only_nr = false, only_rows = false;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
     else if (!strcmp(argv[i], "--bench-norm-router")) only_nr = true;
+    else if (!strcmp(argv[i], "--bench-norm-rows")) only_rows = true;
     else {
-      fprintf(stderr, "usage: small_check [--seed N] [--bench] [--bench-only] [--bench-norm-router]\n");
+      fprintf(stderr,
+              "usage: small_check [--seed N] [--bench] [--bench-only] [--bench-norm-router] [--bench-norm-rows]\n");
       return 2;
     }
   }
@@ -2808,9 +2907,15 @@ int main(int argc, char** argv) {
     bench_norm_router();
     return failed_checks() ? 1 : 0;
   }
+  if (only_rows) {
+    bench_norm_rows();
+    return failed_checks() ? 1 : 0;
+  }
   if (!only_bench) {
     for (int H : {128, 132, 512, 5120, 6144, 8192, 8196, 130}) check_norm(H, H >= 5120 ? 9 : 5);
     check_norm_splits(5120, 64);
+    for (int H : {5120, 896, 256}) check_norm_rows(H, H == 5120 ? 2048 : 777);
+    check_norm_rows(5120, 3);  // fewer rows than CTAs
     check_norm_splits(512, 7);
     check_rope(9, 12, 1, false);
     check_rope(9, 12, 1, true);
