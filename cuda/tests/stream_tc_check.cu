@@ -34,8 +34,8 @@
 // --lt-sweep: cuBLASLt's candidates for the dense decode linears (lt_sweep).
 // --experts: the routed experts with and without the shared expert's group
 // (bench_experts; in token tiles of 16, 32 and 64 rows and the kernel's own), nothing else;
-// --experts-profile: only their 64 + shared form, three eager launches of
-// each GEMM (for ncu), no timing.
+// --experts-profile: only their 64 + shared form in the runtime's token tiles
+// (gate|up 32, down 16), three eager launches of each GEMM (for ncu), no timing.
 #include <numeric>
 
 #include "kernels.h"
@@ -797,7 +797,9 @@ static void bench_experts(bool profile = false) {
           const int nt = tiles[ti];
           if (ti > 0 && (nt == tile0 || profile || (shared && nt > tile0))) continue;
           StreamTcTuning tu;
-          tu.token_tile = nt;
+          // (--experts-profile: the runtime's tiles at 64 + shared, step.cu's
+          // shared_group_token_tile and down_token_tile: 32 and 16.)
+          tu.token_tile = profile ? (sh.K == H ? 32 : 16) : nt;
           if (profile) {  // --experts-profile: three eager launches for a profiler, no timing
             for (int i = 0; i < 3; ++i) {
               StreamGemmArgs b = a;
