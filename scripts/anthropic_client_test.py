@@ -170,9 +170,6 @@ class Ctx:
         kw.setdefault("model", self.model)
         return self.client.messages.count_tokens(**kw).input_tokens
 
-    def metric(self, name):
-        return glmctl_metrics.metric(self.args.base_url, name)
-
 
 @check("non-streamed, with a system prompt and the request id")
 def _(c):
@@ -408,7 +405,6 @@ def _(c):
 
 @check("a stream closed early is cancelled and frees its KV blocks")
 def _(c):
-    cancelled = c.metric(glmctl_metrics.CANCELLED)
     # max_tokens up to the end of the context (from /v1/models): the answer runs
     # far longer than reading four events takes, even on a loaded machine (1,000
     # tokens once finished, ~1 s, before the client closed: nothing to cancel).
@@ -416,12 +412,15 @@ def _(c):
                                  headers={"Authorization": "Bearer " + c.args.api_key})
     with urllib.request.urlopen(req, timeout=10) as r:
         ctx = json.loads(r.read())["data"][0]["max_model_len"]
-    stream = c.create(stream=True, max_tokens=ctx - 64, temperature=1.0)
-    it = iter(stream)
-    for _ in range(4):  # message_start, then the first block's start and deltas
-        next(it)
-    stream.close()
-    glmctl_metrics.wait_one_cancelled(c.args.base_url, cancelled)
+
+    def open_and_close():
+        stream = c.create(stream=True, max_tokens=ctx - 64, temperature=1.0)
+        it = iter(stream)
+        for _ in range(4):  # message_start, then the first block's start and deltas
+            next(it)
+        stream.close()
+
+    glmctl_metrics.closed_stream_cancelled(c.args.base_url, open_and_close)
 
 
 def main():

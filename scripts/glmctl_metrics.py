@@ -19,6 +19,35 @@ def metric(base_url: str, name: str) -> float:
     raise AssertionError(f"metric {name} not in /metrics")
 
 
+STOPPED = 'glmctl_engine_requests_finished_total{reason="stop"}'
+
+
+def closed_stream_cancelled(base_url: str, open_and_close, attempts: int = 3, timeout: float = 15.0) -> None:
+    """open_and_close() opens a stream, reads a few events and closes it; the
+    server must then cancel it and free its KV blocks (wait_one_cancelled). An
+    attempt whose stream the model ended itself first (one more "stop" finish,
+    nothing cancelled or running: an end-of-sequence token sampled at
+    temperature 1 before the close reached the server) proves nothing either
+    way and is run again, up to attempts times; anything else fails at once."""
+    for _ in range(attempts):
+        cancelled, stopped = metric(base_url, CANCELLED), metric(base_url, STOPPED)
+        open_and_close()
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            done = metric(base_url, CANCELLED) - cancelled
+            running = metric(base_url, "glmctl_running_sequences")
+            if done == 0 and running == 0 and metric(base_url, STOPPED) - stopped == 1:
+                break  # ended by the model before the close: try again
+            if done >= 1 or running > 0:
+                wait_one_cancelled(base_url, cancelled, max(0.1, deadline - time.time()))
+                return
+            time.sleep(0.05)
+        else:
+            wait_one_cancelled(base_url, cancelled, 0.1)  # raises with what it sees
+            return
+    raise AssertionError(f"the model ended the stream itself before the close in all {attempts} attempts")
+
+
 def wait_one_cancelled(base_url: str, cancelled_before: float, timeout: float = 15.0) -> None:
     """Waits until exactly one more request was cancelled and nothing runs or
     holds KV blocks; raises AssertionError with what it saw (and every finish

@@ -203,9 +203,6 @@ class Ctx:
     def stream(self, **kw):
         return self.client.responses.stream(**self.kwargs(kw))
 
-    def metric(self, name):
-        return glmctl_metrics.metric(self.args.base_url, name)
-
 
 @check("non-streamed, with instructions and the request id")
 def _(c):
@@ -401,15 +398,16 @@ def _(c):
 
 @check("a stream closed early is cancelled and frees its KV blocks")
 def _(c):
-    cancelled = c.metric(glmctl_metrics.CANCELLED)
     # No max_output_tokens: the answer may run to the end of the context, far
     # longer than reading five events takes even on a loaded machine.
-    stream = c.create(stream=True, max_output_tokens=None, temperature=1.0)
-    it = iter(stream)
-    for _ in range(5):  # created, in_progress, then the first item's added, part added and a delta
-        next(it)
-    stream.close()
-    glmctl_metrics.wait_one_cancelled(c.args.base_url, cancelled)
+    def open_and_close():
+        stream = c.create(stream=True, max_output_tokens=None, temperature=1.0)
+        it = iter(stream)
+        for _ in range(5):  # created, in_progress, then the first item's added, part added and a delta
+            next(it)
+        stream.close()
+
+    glmctl_metrics.closed_stream_cancelled(c.args.base_url, open_and_close)
 
 
 def main():
