@@ -34,13 +34,11 @@ def closed_stream_cancelled(base_url: str, open_and_close, attempts: int = 3, ti
         open_and_close()
         deadline = time.time() + timeout
         while time.time() < deadline:
-            done = metric(base_url, CANCELLED) - cancelled
-            running = metric(base_url, "glmctl_running_sequences")
-            if done == 0 and running == 0 and metric(base_url, STOPPED) - stopped == 1:
-                break  # ended by the model before the close: try again
-            if done >= 1 or running > 0:
+            if metric(base_url, CANCELLED) - cancelled >= 1:  # then exactly one, nothing running, no KV
                 wait_one_cancelled(base_url, cancelled, max(0.1, deadline - time.time()))
                 return
+            if metric(base_url, "glmctl_running_sequences") == 0 and metric(base_url, STOPPED) - stopped == 1:
+                break  # ended by the model before the close reached the server: try again
             time.sleep(0.05)
         else:
             wait_one_cancelled(base_url, cancelled, 0.1)  # raises with what it sees
