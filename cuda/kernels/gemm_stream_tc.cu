@@ -57,7 +57,12 @@ namespace {
 
 constexpr int kSwBK = 128;     // K bytes per stage
 constexpr int kSwWRows = 128;  // weight rows per unit (two consumer warpgroups of 64)
-constexpr int kSwSmemBudget = 200 * 1024;
+// Ring bytes: 12 stages for the 16-row tile (the experts' down projection), 9
+// for the 64-row one. H200 with the 128-byte L2 promotion (2026-11-28, A/B,
+// three alternations, ms; 200 KB -> 216 KB): batch 64 17.67 -> 17.47, 256
+// 26.07 -> 25.9, 16-128 unchanged within 0.1 (224 KB: 32 and 128 slower).
+// (With 256-byte promotion one more stage had not paid: 2026-11-28 fifth session.)
+constexpr int kSwSmemBudget = 216 * 1024;
 constexpr int kSwMaxOffsets = 257;  // group offsets kept in shared memory (groups <= 256)
 
 template <int NT_>
