@@ -522,6 +522,31 @@ static int norm_row_exact(const float* v, const float* w, const float* y, int H,
   return -1;
 }
 
+// A norm's FP32 and FP8 rows against add_rmsnorm's float formulas, row by row:
+// y exactly w * (v * r) for an r norm_row_exact finds, the scale
+// max(amax(y) / 448, 1 / (448 * 512)) and the codes e4m3(y / s), bit for bit.
+struct NormFormula {
+  size_t bad_rows = 0, bad_s = 0, bad_q = 0;
+  int max_ulp = 0;
+};
+static NormFormula check_norm_formula(const std::vector<float>& v, const std::vector<float>& w,
+                                      const std::vector<float>& gy, const std::vector<float>& gs,
+                                      const std::vector<uint8_t>& gq, int rows, int H, float eps) {
+  NormFormula f;
+  for (int r = 0; r < rows; ++r) {
+    const float* yr = gy.data() + (size_t)r * H;
+    const int k = norm_row_exact(v.data() + (size_t)r * H, w.data(), yr, H, eps);
+    if (k < 0) ++f.bad_rows;
+    f.max_ulp = std::max(f.max_ulp, k);
+    float amax = 0;
+    for (int c = 0; c < H; ++c) amax = std::max(amax, std::fabs(yr[c]));
+    const float sc = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
+    f.bad_s += fbits(sc) != fbits(gs[r]);
+    for (int c = 0; c < H; ++c) f.bad_q += gq[(size_t)r * H + c] != fp8_enc(yr[c] / sc);
+  }
+  return f;
+}
+
 static void check_norm(int H, int rows) {
   const float eps = 1e-5f;
   std::vector<float> h0((size_t)rows * H), d((size_t)rows * H), w(H);
@@ -572,28 +597,16 @@ static void check_norm(int H, int rows) {
     // Exact float formula.
     std::vector<float> v(n);
     for (size_t i = 0; i < n; ++i) v[i] = use_delta ? h0[i] + d[i] : h0[i];
-    size_t bad_h = count_diff(gh, v), bad_rows = 0, bad_b = 0, bad_q = 0, bad_s = 0;
-    int max_ulp = 0;
-    for (int r = 0; r < rows; ++r) {
-      const float* yr = gy.data() + (size_t)r * H;
-      const int k = norm_row_exact(v.data() + (size_t)r * H, w.data(), yr, H, eps);
-      if (k < 0) ++bad_rows;
-      max_ulp = std::max(max_ulp, k);
-      float amax = 0;
-      for (int c = 0; c < H; ++c) amax = std::max(amax, std::fabs(yr[c]));
-      const float s = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
-      bad_s += fbits(s) != fbits(gs[r]);
-      for (int c = 0; c < H; ++c) {
-        bad_b += gb[(size_t)r * H + c] != bf16_bits(yr[c]);
-        bad_q += gq[(size_t)r * H + c] != fp8_enc(yr[c] / s);
-      }
-    }
+    const size_t bad_h = count_diff(gh, v);
+    const NormFormula f = check_norm_formula(v, w, gy, gs, gq, rows, H, eps);
+    size_t bad_b = 0;
+    for (size_t i = 0; i < n; ++i) bad_b += gb[i] != bf16_bits(gy[i]);
     report_exact("add_rmsnorm formula", fmt("H=%d rows=%d %s: rows no r fits %zu (ss ulps<=%d), h %zu", H,
-                                           rows, dname, bad_rows, max_ulp, bad_h),
-                 bad_rows + bad_h);
+                                           rows, dname, f.bad_rows, f.max_ulp, bad_h),
+                 f.bad_rows + bad_h);
     report_exact("add_rmsnorm bf16/fp8 bits", fmt("H=%d %s: bf16 %zu fp8 %zu scale %zu differ", H, dname,
-                                                 bad_b, bad_q, bad_s),
-                 bad_b + bad_q + bad_s);
+                                                 bad_b, f.bad_q, f.bad_s),
+                 bad_b + f.bad_q + f.bad_s);
     // float64 reference.
     std::vector<double> ry, oy, ob, oq;
     for (int r = 0; r < rows; ++r) {
@@ -1849,27 +1862,18 @@ static void check_add_rmsnorm_router(cublasHandle_t) {
     const auto gh = fu.h.down(), gy = fu.y.down(), gs = fu.s.down(), gr = fu.r.down();
     const auto gq = fu.q.down();
     // The formulas.
-    size_t bad_rows = 0, bad_q = 0, bad_s = 0, bad_r = 0;
-    int max_ulp = 0;
+    const NormFormula f = check_norm_formula(v, w, gy, gs, gq, T, H, eps);
+    size_t bad_r = 0;
     for (int t = 0; t < T; ++t) {
-      const float* yr = gy.data() + (size_t)t * H;
-      const int k = norm_row_exact(v.data() + (size_t)t * H, w.data(), yr, H, eps);
-      if (k < 0) ++bad_rows;
-      max_ulp = std::max(max_ulp, k);
       double ss = 0;
       for (int i = 0; i < H; ++i) ss += (double)v[(size_t)t * H + i] * v[(size_t)t * H + i];
       bad_r += std::fabs(gr[t] - 1.0 / std::sqrt(ss / H + eps)) > 1e-6 * std::fabs(gr[t]);
-      float amax = 0;
-      for (int i = 0; i < H; ++i) amax = std::max(amax, std::fabs(yr[i]));
-      const float s = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
-      bad_s += fbits(s) != fbits(gs[t]);
-      for (int i = 0; i < H; ++i) bad_q += gq[(size_t)t * H + i] != fp8_enc(yr[i] / s);
     }
     const size_t bad_h = count_diff(gh, ch.h.down());
     report_exact("add_rmsnorm_router norm", fmt("%s: h vs chain %zu, rows no r fits %zu (ss ulps<=%d), rstd %zu, "
                                                "fp8 %zu scale %zu",
-                                               name.c_str(), bad_h, bad_rows, max_ulp, bad_r, bad_q, bad_s),
-                 bad_h + bad_rows + bad_r + bad_q + bad_s);
+                                               name.c_str(), bad_h, f.bad_rows, f.max_ulp, bad_r, f.bad_q, f.bad_s),
+                 bad_h + f.bad_rows + bad_r + f.bad_q + f.bad_s);
     // The selection and sort from y, and the chain's ids.
     RouterData d;
     d.x = gy;
