@@ -11,7 +11,9 @@
 #            CUDA graphs on and off (must be identical); the -tags gpu Go tests
 #   kernels  attention decode bench next to PyTorch SDPA on the same shapes;
 #            the small-kernel bench; the tensor-core streaming GEMM next to
-#            cuBLASLt and gemm_fp8_stream (stream_tc_check --bench-only)
+#            cuBLASLt and gemm_fp8_stream (stream_tc_check --bench-only); the
+#            one-token launches against their chains and the CTA hand-off latency
+#            (handoff_bench)
 #   masks    the decode step with and without token masks (bench --token-masks), and
 #            pkg/grammar's mask benchmarks (bin/grammar.test) on this machine's CPUs
 #   grid     glmctl bench --synthetic glm-4.7 --rank 0/8: decode step time at
@@ -144,8 +146,10 @@ if want kernels; then
   cp "$LOG/moe-decode-bench.txt" "$FINAL/" 2>/dev/null
   timeout "$T" "$PRE/attn_layer_check" --bench-only >"$LOG/attn-layer-bench.txt" 2>&1 || fail "attn_layer_check --bench FAIL"
   cp "$LOG/attn-layer-bench.txt" "$FINAL/" 2>/dev/null
+  timeout "$T" "$PRE/handoff_bench" >"$LOG/handoff-bench.txt" 2>&1 || fail "handoff_bench FAIL"
+  cp "$LOG/handoff-bench.txt" "$FINAL/" 2>/dev/null
   cp "$LOG/stream-tc-bench.txt" "$FINAL/" 2>/dev/null
-  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt, kc-bench.txt, stream-tc-bench.txt, moe-decode-bench.txt, attn-layer-bench.txt"
+  note "kernel benches        attn-bench.txt, sdpa.txt, small-bench.txt, kc-bench.txt, stream-tc-bench.txt, moe-decode-bench.txt, attn-layer-bench.txt, handoff-bench.txt"
 fi
 
 if want grid; then

@@ -18,7 +18,8 @@
 //           b + G of CTA b, ...); the 16 warps split K in 64-byte chunks
 //           and their sums are folded in warp order (deterministic).
 //   attn    split s < S of the keys in CTA s (S = ceil(ctx / keys per
-//           split), keys per split a multiple of 16 so that S <= G). Every
+//           split), keys per split a multiple of 16, at least ctx / G so
+//           that S <= G, and up to a tile to keep S <= kA1Splits). Every
 //           split CTA polls the q|k|v row, normalises and rotates q and k
 //           itself (the rope kernel's float operations), then 8 warps take
 //           the 16-key blocks of its keys in shared memory (BF16, K and V
@@ -58,6 +59,15 @@ constexpr int kA1OStride = 132;          // floats a staged O row (padded agains
 constexpr int kA1KvBytes = kA1TileBytes > kA1AttnWarps * 16 * kA1OStride * 4 ? kA1TileBytes
                                                                              : kA1AttnWarps * 16 * kA1OStride * 4;
 constexpr int kA1SplitRound = 16;        // keys per split: a multiple of this
+// Splits the keys go to while each holds at most one tile (and at least
+// ceil(keys / CTAs) keys). Fewer, longer splits cost a split CTA nothing up
+// to a tile (its 8 warps take 16-key blocks in parallel) and make the
+// merge's hand-off shorter (fewer producers and polls). H200, batch-1 decode
+// step, rank share (2026-11-28, three alternations, ms; 16 keys a split or
+// more before, i.e. 64-128 splits): 1k 4.73 -> 4.68, 2k 4.80 -> 4.68, 4k /
+// 8k / 16k unchanged (32 splits: 1k 4.66, 2k 4.70, 4k 4.84; 64: 4.72 / 4.74 /
+// 4.80).
+constexpr int kA1Splits = 48;
 constexpr int kA1MaxOTiles = 4;          // o_proj tiles one round holds
 constexpr size_t kA1HeaderBytes = 256;
 enum { kA1Done = 0, kA1Epoch = 1 };
@@ -145,8 +155,8 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   const int ctx = a.ctx_len[0];  // keys, the new token's (ctx - 1) included
   // A row without keys (ctx_len 0: a padding row, as attention_decode takes
   // them) has no split; its output row is zeros (the merge's L is 0).
-  int kps = (ctx + G - 1) / G;
-  kps = max(kA1SplitRound, (kps + kA1SplitRound - 1) / kA1SplitRound * kA1SplitRound);
+  auto round_up = [](int k) { return max(kA1SplitRound, (k + kA1SplitRound - 1) / kA1SplitRound * kA1SplitRound); };
+  const int kps = max(round_up((ctx + G - 1) / G), min(KT, round_up((ctx + kA1Splits - 1) / kA1Splits)));
   const int S = ctx > 0 ? (ctx + kps - 1) / kps : 0;
   const bool split_cta = b < S;
   const int k0 = b * kps, k1 = min(ctx, k0 + kps);
