@@ -63,10 +63,11 @@ constexpr int kA1SplitRound = 16;        // keys per split: a multiple of this
 // ceil(keys / CTAs) keys). Fewer, longer splits cost a split CTA nothing up
 // to a tile (its 8 warps take 16-key blocks in parallel) and make the
 // merge's hand-off shorter (fewer producers and polls). H200, batch-1 decode
-// step, rank share (2026-11-28, three alternations, ms; 16 keys a split or
-// more before, i.e. 64-128 splits): 1k 4.73 -> 4.68, 2k 4.80 -> 4.68, 4k /
-// 8k / 16k unchanged (32 splits: 1k 4.66, 2k 4.70, 4k 4.84; 64: 4.72 / 4.74 /
-// 4.80).
+// step, rank share (docs/perf.md 2026-11-28 tenth session, three alternations,
+// ms; 16 keys a split or more before, i.e. 64-128 splits): 1k 4.73 -> 4.68,
+// 2k 4.80 -> 4.68, 4k / 8k / 16k unchanged (32 splits: 1k 4.66, 2k 4.70, 4k
+// 4.84; 64: 4.72 / 4.74 / 4.80); in a second call 2k 4.84 -> 4.77, 4k 4.92 ->
+// 4.85.
 constexpr int kA1Splits = 48;
 constexpr int kA1MaxOTiles = 4;          // o_proj tiles one round holds
 constexpr size_t kA1HeaderBytes = 256;
