@@ -23,24 +23,12 @@
 // router partials). docs/perf.md (2026-11-28, tenth session) has a run.
 //
 //   handoff_bench            (prints a table; cuda/build.sh --tests builds it)
-#include <cuda_runtime.h>
-
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
+// check.cuh for CK (no checks are reported: the widths are its required ones).
+#define CHECK_NAME_W 8
+#define CHECK_DETAIL_W 8
+#include "check.cuh"
 #include "common.cuh"
 #include "handoff.cuh"
-
-#define CK(call)                                                                             \
-  do {                                                                                       \
-    cudaError_t e_ = (call);                                                                 \
-    if (e_ != cudaSuccess) {                                                                 \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(2);                                                                               \
-    }                                                                                        \
-  } while (0)
 
 namespace {
 
