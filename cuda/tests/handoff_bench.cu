@@ -4,10 +4,11 @@
 // moe_decode_t1: docs/perf.md, their phase tables).
 //
 // One CTA of 512 threads per SM, every CTA resident (cooperative launch).
-// `producers` CTAs (the last ones) wait until delay_ns after their start, so
-// that every consumer is already polling, optionally issue `load_kb` KB of
-// streamed weight-like loads (a buffer far larger than L2), then publish
-// their words; every CTA consumes every word. Each word carries its
+// Every CTA waits delay_ns from its start (the grid's CTAs start within
+// ~0.2 us of each other), so that what follows happens together on every SM:
+// the CTAs given loads issue `load_kb` KB of streamed weight-like loads (a
+// buffer far larger than L2), `producers` CTAs (the last ones) publish their
+// words, and every CTA consumes every word. Each word carries its
 // producer's %globaltimer (low 32 bits) at the publish, so a consumer knows
 // the last publish time of what it read; the bench reports, per mode, the
 // time from the last publish to each CTA having every word (after a CTA
@@ -102,11 +103,11 @@ __global__ void __launch_bounds__(kThreads, 1) hb_kernel(HbArgs a) {
   }
   __syncthreads();
 
-  // Every CTA waits for the same moment (the consumers are polling by then).
+  // Every CTA waits for the same moment (see the top).
   while ((long long)(gtime() - t0) < a.delay_ns) {
   }
   uint4 ld[kMaxLoad];
-  const int nld = a.load_kb * 1024 / (16 * kThreads);
+  const int nld = a.load_kb * 1024 / (16 * kThreads);  // whole 8 KB steps into registers (60 KB: 56)
   auto issue_loads = [&]() {
     const uint8_t* p = a.stream + (size_t)b * a.load_kb * 1024;
     if (a.load_tma) {
