@@ -3,8 +3,10 @@
 trace scripts/kernel_trace.c writes (start_ns,end_ns,stream,graph_node,grid,
 block,smem,regs,name per kernel).
 
-Steps are the runs of kernels between idle gaps of more than 200 us; the last
-whole one is summarised (--longest: the longest one with a router kernel, e.g.
+Steps are the runs of kernels between idle gaps of more than 200 us, or, where
+steps run back to back (batch 1: the host's work for the next step overlaps the
+GPU's), the runs from one embedding kernel (each forward's first) to the next;
+the last whole one is summarised (--longest: the longest one with a router kernel, e.g.
 a prefill step among decode steps). A kernel launched early (programmatic dependent
 launch) starts while the kernel before runs, so its start-to-end time counts
 that overlap; its "exclusive" time (from the end of the kernel before, or its
@@ -47,7 +49,9 @@ def main(path, longest=False):
     t = sorted((int(r["start_ns"]), int(r["end_ns"]), short(r["name"]), r["grid"]) for r in rows)
     cuts = [i for i in range(1, len(t)) if t[i][0] - max(e for _, e, _, _ in t[max(0, i - 8):i]) > 200_000]
     if len(cuts) < 2:
-        sys.exit(f"{path}: fewer than two idle gaps; no whole step to summarise")
+        cuts = [i for i in range(len(t)) if t[i][2].startswith(("embed_kernel", "embed_vec_kernel"))]
+    if len(cuts) < 2:
+        sys.exit(f"{path}: fewer than two idle gaps or embedding kernels; no whole step to summarise")
     spans = list(zip(cuts, cuts[1:]))
     if longest:  # among forward steps (a router kernel in them: not weight generation)
         spans = [ab for ab in spans if any(k[2].startswith("router") for k in t[ab[0]:ab[1]])] or spans
@@ -69,10 +73,12 @@ def main(path, longest=False):
     for n in sorted(excl, key=lambda k: -excl[k]):
         print(f"  {n:44s} {cnt[n]:5d} {excl[n] / cnt[n]:8.2f} {full[n] / cnt[n]:9.2f} {excl[n]:10.0f} "
               f"{100 * excl[n] / span:5.1f}%")
-    routers = [i for i, r in enumerate(seq) if r[0].startswith("router")]
+    # A layer's landmark: its router, or at batch 1 its one-launch MoE half.
+    routers = [i for i, r in enumerate(seq) if r[0].startswith("router")] or \
+        [i for i, r in enumerate(seq) if r[0].startswith("moe_t1")]
     if routers:
         i = routers[len(routers) // 2]
-        print("  one layer (around a middle router):")
+        print(f"  one layer (around a middle {seq[i][0]}):")
         for n, x, f, g in seq[max(0, i - 6):i + 5]:
             print(f"    {n:44s} excl {x:6.2f}  start-end {f:6.2f}  grid {g}")
 
