@@ -197,12 +197,14 @@ if want trace; then
   # library in $TRACE_LIB (default .carry/trace: scripts/build-kernel-trace.sh);
   # scripts/trace_summary.py sums, per kernel, the time from the end of the
   # kernel before to its own end over the last whole step, and lists one layer.
+  # 30 steps: CUPTI hands records over every 50 ms and a Go program's exit
+  # flushes none, so the steps must outlast that (batch 1: ~5 ms a step).
   TL="${TRACE_LIB:-.carry/trace}"
   if [[ -f "$TL/libkernel_trace.so" ]]; then
     for b in ${TRACE_BATCHES:-1 64 256}; do
       LD_LIBRARY_PATH="$PWD/$TL:${LD_LIBRARY_PATH:-}" CUDA_INJECTION64_PATH="$PWD/$TL/libkernel_trace.so" \
         KERNEL_TRACE_OUT="$LOG/trace-b$b.csv" timeout "$T" "$G" bench "${SYN[@]}" --batches "$b" --contexts 2048 \
-        --steps 6 --warmup-steps 2 >"$LOG/trace-b$b.bench" 2>&1 || fail "bench trace b$b FAIL"
+        --steps 30 --warmup-steps 2 >"$LOG/trace-b$b.bench" 2>&1 || fail "bench trace b$b FAIL"
       if python3 scripts/trace_summary.py "$LOG/trace-b$b.csv" >"$LOG/trace-b$b.txt" 2>&1; then
         note "trace batch $b          ok (trace-b$b.txt)"
       else fail "trace batch $b          FAIL"; fi
