@@ -490,6 +490,20 @@ static size_t count_diff(const std::vector<T>& a, const std::vector<T>& b) {
 
 // ------------------------------------------------------------ add_rmsnorm
 
+// add_rmsnorm's arguments for rows x H of h normalised with w into FP8 rows
+// and their scales (the fields the checks and benches below share; each sets
+// its own others).
+static AddNormArgs fp8_norm_args(float* h, const float* w, int rows, int H, uint8_t* q, float* scale) {
+  AddNormArgs a;
+  a.h = h;
+  a.weight = w;
+  a.rows = rows;
+  a.hidden = H;
+  a.out_q = q;
+  a.out_scale = scale;
+  return a;
+}
+
 // The float formula of add_rmsnorm for one row: y = w * (v * r) with
 // r = 1 / sqrtf(ss / H + eps). The GPU's ss is a float sum in some order, so r
 // is searched among the values of ss within 64 float ulps of the float64 sum.
@@ -742,16 +756,10 @@ static void check_norm_rows(int H, int rows) {
       s2.poison();
       r2.poison();
       q2.poison();
-      AddNormArgs a;
-      a.h = dh.p;
-      a.weight = dw.p;
-      a.rows = rows;
-      a.hidden = H;
+      AddNormArgs a = fp8_norm_args(dh.p, dw.p, rows, H, q2.p, s2.p);
       a.eps = 1e-5f;
       a.row_index = indexed ? didx.p : nullptr;
       a.out_f32 = y2.p;
-      a.out_q = q2.p;
-      a.out_scale = s2.p;
       a.out_rstd = r2.p;
       add_rmsnorm_set_rows_min(form == 0 ? 1 << 30 : 1);
       CK(add_rmsnorm(a, 0));
@@ -2456,13 +2464,7 @@ static void bench_norm_rows() {
     Dev<float> h(hv), w(wv), sc(T), rs(T);
     Dev<uint8_t> q(rowsz);
     auto args = [&](int i) {
-      AddNormArgs a;
-      a.h = h.p + (size_t)(i % copies) * rowsz;
-      a.weight = w.p;
-      a.rows = T;
-      a.hidden = H;
-      a.out_q = q.p;
-      a.out_scale = sc.p;
+      AddNormArgs a = fp8_norm_args(h.p + (size_t)(i % copies) * rowsz, w.p, T, H, q.p, sc.p);
       a.out_rstd = rs.p;
       return a;
     };
@@ -2500,15 +2502,9 @@ static void bench(cublasHandle_t cb) {
   const int Ts[] = {1, 4, 16, 64, 256};
 
   for (int T : Ts) {  // add_rmsnorm: residual add, FP8 + FP32 out (the MoE layers' norm)
-    AddNormArgs a;
-    a.h = h.p;
+    AddNormArgs a = fp8_norm_args(h.p, wn.p, T, H, q.p, sc.p);
     a.delta = delta.p;
-    a.weight = wn.p;
-    a.rows = T;
-    a.hidden = H;
     a.out_f32 = outf.p;
-    a.out_q = q.p;
-    a.out_scale = sc.p;
     const float tp = time_graph_us([&](cudaStream_t s) { prev::add_rmsnorm(a, s); });
     const float tn = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm(a, s)); });
     bench_row("add_rmsnorm H=5120 +delta -> fp8+f32", T, tp, tn);
@@ -2520,13 +2516,7 @@ static void bench(cublasHandle_t cb) {
     Dev<int> di(inv);
     Dev<float> dw(w);
     for (int T : Ts) {
-      AddNormArgs a;
-      a.h = h.p;
-      a.weight = wn.p;
-      a.rows = T;
-      a.hidden = H;
-      a.out_q = q.p;
-      a.out_scale = sc.p;
+      const AddNormArgs a = fp8_norm_args(h.p, wn.p, T, H, q.p, sc.p);
       AddNormArgs b = a;
       b.delta = outf.p;
       const float tp = time_graph_us([&](cudaStream_t s) {
@@ -2538,14 +2528,8 @@ static void bench(cublasHandle_t cb) {
     }
   }
   for (int T : Ts) {  // fp8 only (the attention input norm)
-    AddNormArgs a;
-    a.h = h.p;
+    AddNormArgs a = fp8_norm_args(h.p, wn.p, T, H, q.p, sc.p);
     a.delta = delta.p;
-    a.weight = wn.p;
-    a.rows = T;
-    a.hidden = H;
-    a.out_q = q.p;
-    a.out_scale = sc.p;
     const float tp = time_graph_us([&](cudaStream_t s) { prev::add_rmsnorm(a, s); });
     const float tn = time_graph_us([&](cudaStream_t s) { CK(add_rmsnorm(a, s)); });
     bench_row("add_rmsnorm H=5120 +delta -> fp8", T, tp, tn);
@@ -2772,13 +2756,7 @@ static void bench(cublasHandle_t cb) {
       lw.up(w);
     }
     auto norm_args = [&](int i, bool rstd) {
-      AddNormArgs a;
-      a.h = hh.p + (size_t)(i % copies) * n;
-      a.weight = wn.p;
-      a.rows = T;
-      a.hidden = H;
-      a.out_q = qq.p;
-      a.out_scale = scl.p;
+      AddNormArgs a = fp8_norm_args(hh.p + (size_t)(i % copies) * n, wn.p, T, H, qq.p, scl.p);
       if (rstd) a.out_rstd = rs.p;
       else a.out_f32 = yf.p;
       return a;
