@@ -66,6 +66,9 @@ struct MaxOp {
 struct MinOp {
   __device__ __forceinline__ int operator()(int a, int b) const { return a < b ? a : b; }
 };
+struct OrOp {
+  __device__ __forceinline__ int operator()(int a, int b) const { return a | b; }
+};
 
 // x / s rounded to E4M3 with saturation to +-448 (== clamp then RNE).
 __device__ __forceinline__ uint8_t f32_to_e4m3(float v) {

@@ -1,7 +1,11 @@
 // sampling.cu — GPU sampling mirroring pkg/sample (see kernels.h for the rules).
-// One block per row; the descending sort for top-k / top-p is cub's stable
-// segmented radix sort, so equal weights stay in ascending id order, exactly
-// the CPU's tie rule.
+// The raw-logit statistics (max, log-sum-exp, the NaN / finite / allowed
+// flags, a greedy row's best) in chunks of kChunk ids, one CTA each, merged
+// per row by one warp; greedy rows that no penalty changes take their token
+// there; the penalties, the temperature transform and the draw one block per
+// row. The descending sort for top-k / top-p is cub's stable segmented radix
+// sort, so equal weights stay in ascending id order, exactly the CPU's tie
+// rule.
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "common.cuh"
@@ -27,12 +31,31 @@ __device__ __forceinline__ double uniform01(uint64_t seed, int64_t index) {
   return (double)(bits >> 11) * (1.0 / 9007199254740992.0);
 }
 
+// The raw-logit statistics of a row are gathered in chunks of kChunk ids, one
+// CTA of kChunkThreads each (prep_chunk_kernel): one CTA a row took 22 us for
+// an 18,944-id row on an H200 (2026-11-28 timeline of a batch-1 step), its
+// float64 exps running on one SM's FP64 units.
+constexpr int kChunkThreads = 256;
+constexpr int kChunk = 8 * kChunkThreads;
+
+// One chunk's statistics: max and sum of exp(l - max) over its raw logits
+// (sum 0 when the max is -Inf), its flags (bit 0: NaN or +Inf, bit 1: a
+// finite logit, bit 2: an allowed finite logit) and, for a greedy row without
+// penalties (greedy_direct), its best allowed (logit, id).
+struct ChunkStats {
+  double max, sum, best_v;
+  int flags, best_id;
+};
+
+__host__ __device__ inline int n_chunks(int V) { return (V + kChunk - 1) / kChunk; }
+
 struct Workspace {
   double* w;       // [rows][V] working weights
   double* keys;    // [rows][V] sorted weights
   int* vals_in;    // [rows][V] token ids (iota per row)
   int* vals;       // [rows][V] sorted token ids
   double* lse;     // [rows]
+  ChunkStats* chunks;  // [rows][n_chunks(V)]
   void* cub_temp;
   size_t cub_bytes;
 };
@@ -62,6 +85,8 @@ Workspace carve(void* base, int rows, int V) {
   p += align256(n * sizeof(int));
   w.lse = reinterpret_cast<double*>(p);
   p += align256((size_t)rows * sizeof(double));
+  w.chunks = reinterpret_cast<ChunkStats*>(p);
+  p += align256((size_t)rows * n_chunks(V) * sizeof(ChunkStats));
   w.cub_temp = p;
   w.cub_bytes = cub_temp_bytes(rows, V);
   return w;
@@ -137,17 +162,71 @@ __device__ double block_incl_scan(double v, double* sh, double* total) {
   return x + before;
 }
 
-// ---- K1: raw-logit statistics, top-n, working copy ----
+// A greedy row that no penalty changes: its token, the best allowed raw logit
+// (ties to the lower id), comes from the chunks' bests (prep_kernel) and
+// transform_kernel leaves it alone — the same token transform_kernel's pass
+// over the working copy finds (best_of is a total order: any grouping of the
+// ids gives the same best), without a second pass by one CTA over V doubles.
+__device__ __forceinline__ bool greedy_direct(const SampleRow& p) {
+  return p.temperature <= 0.f && !(p.repetition_penalty > 0.f && p.repetition_penalty != 1.f) &&
+         p.frequency_penalty == 0.f && p.presence_penalty == 0.f;
+}
+
+// ---- K1a: per chunk of ids, the working copy and the raw-logit statistics ----
+__global__ void __launch_bounds__(kChunkThreads) prep_chunk_kernel(SampleArgs a, Workspace ws) {
+  const int row = blockIdx.y, c = blockIdx.x;
+  const int V = a.V;
+  const SampleRow p = a.params[row];
+  if (p.skip) return;
+  const float* lg = a.logits + (int64_t)row * a.ld;
+  double* w = ws.w + (int64_t)row * V;
+  int* vin = ws.vals_in + (int64_t)row * V;
+  __shared__ double shd[32];
+  __shared__ int sh_int[32];
+  const uint32_t* mask = (p.mask_row >= 0 && a.masks) ? a.masks + (int64_t)p.mask_row * a.mask_words : nullptr;
+  const int i0 = c * kChunk, i1 = min(V, i0 + kChunk);
+  float l[kChunk / kChunkThreads];
+  int flags = 0;
+  double mx = -INFINITY;
+  Best b{-INFINITY, 0x7fffffff};
+#pragma unroll
+  for (int k = 0; k < kChunk / kChunkThreads; ++k) {
+    const int i = i0 + threadIdx.x + k * kChunkThreads;
+    l[k] = -INFINITY;
+    if (i < i1) {
+      l[k] = lg[i];
+      if (isnan(l[k]) || (isinf(l[k]) && l[k] > 0)) flags |= 1;
+      const bool allowed = !mask || (mask[i >> 5] >> (i & 31) & 1u);
+      if (!isinf(l[k])) flags |= allowed ? 6 : 2;
+      const double wi = allowed ? (double)l[k] : -INFINITY;
+      w[i] = wi;
+      vin[i] = i;
+      b = best_of(b, Best{wi, i});
+      mx = fmax(mx, (double)l[k]);
+    }
+  }
+  flags = block_reduce(flags, sh_int, OrOp());
+  mx = block_reduce(mx, shd, MaxOp());
+  double sum = 0.0;
+  if (mx > -INFINITY) {
+#pragma unroll
+    for (int k = 0; k < kChunk / kChunkThreads; ++k) sum += exp((double)l[k] - mx);
+    sum = block_reduce(sum, shd, SumOp());
+  }
+  if (greedy_direct(p)) b = block_best(b, shd, sh_int);  // block-uniform
+  if (threadIdx.x == 0) ws.chunks[(int64_t)row * gridDim.x + c] = ChunkStats{mx, sum, b.v, flags, b.id};
+}
+
+// ---- K1b: the row's status and log-sum-exp from its chunks, top-n ----
 __global__ void __launch_bounds__(kThreads) prep_kernel(SampleArgs a, Workspace ws) {
   const int row = blockIdx.x;
   const int V = a.V;
   const SampleRow p = a.params[row];
   const float* lg = a.logits + (int64_t)row * a.ld;
-  double* w = ws.w + (int64_t)row * V;
-  int* vin = ws.vals_in + (int64_t)row * V;
   __shared__ double shd[32];
   __shared__ int shi[32];
-  __shared__ int sh_int[32];
+  __shared__ double sh_lse;
+  __shared__ int sh_flags;
   if (p.skip) {
     if (threadIdx.x == 0) a.out[row] = SampleOut{-1, NAN, 0, 0};
     for (int k = threadIdx.x; k < kMaxTop; k += blockDim.x) {
@@ -156,34 +235,52 @@ __global__ void __launch_bounds__(kThreads) prep_kernel(SampleArgs a, Workspace 
     }
     return;
   }
-  int bad = 0, finite = 0, alive = 0;
-  double mx = -INFINITY;
-  const uint32_t* mask = (p.mask_row >= 0 && a.masks) ? a.masks + (int64_t)p.mask_row * a.mask_words : nullptr;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) {
-    const float l = lg[i];
-    if (isnan(l) || (isinf(l) && l > 0)) bad = 1;
-    if (!isinf(l)) finite = 1;
-    const bool allowed = !mask || (mask[i >> 5] >> (i & 31) & 1u);
-    if (allowed && !isinf(l)) alive = 1;
-    w[i] = allowed ? (double)l : -INFINITY;
-    vin[i] = i;
-    mx = fmax(mx, (double)l);
+  // The chunks by warp 0, lane j taking chunks j, j + 32, ...: the flags,
+  // the max M, the sum of each chunk's sum rescaled to M (log-sum-exp,
+  // float64; lane partials in chunk order, then a fixed shuffle tree), and a
+  // greedy_direct row's best.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x, nc = n_chunks(V);
+    const ChunkStats* cs = ws.chunks + (int64_t)row * nc;
+    int flags = 0;
+    double mx = -INFINITY;
+    Best b{-INFINITY, 0x7fffffff};
+    for (int c = lane; c < nc; c += 32) {
+      flags |= cs[c].flags;
+      mx = fmax(mx, cs[c].max);
+      b = best_of(b, Best{cs[c].best_v, cs[c].best_id});
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      flags |= __shfl_xor_sync(0xffffffffu, flags, o);
+      mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      b = best_of(b, Best{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.id, o)});
+    }
+    const bool bad = flags & 1, finite = flags & 2, alive = flags & 4;
+    const bool ok = !bad && finite && alive;
+    double s = 0.0;
+    if (ok)
+      for (int c = lane; c < nc; c += 32)
+        if (cs[c].max > -INFINITY) s += cs[c].sum * exp(cs[c].max - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const double lse = mx + log(s);
+    if (lane == 0) {
+      a.out[row].token = -1;
+      a.out[row].logprob = NAN;
+      a.out[row].status = bad ? 1 : (!finite ? 2 : (!alive ? 5 : 0));
+      sh_flags = ok ? 1 : 0;
+      sh_lse = lse;
+      if (ok) ws.lse[row] = lse;
+      if (ok && greedy_direct(p)) {
+        a.out[row].token = b.id;
+        a.out[row].logprob = (float)((double)lg[b.id] - lse);
+      }
+    }
   }
-  bad = block_max_int(bad, sh_int);
-  finite = block_max_int(finite, sh_int);
-  alive = block_max_int(alive, sh_int);
-  if (threadIdx.x == 0) {
-    a.out[row].token = -1;
-    a.out[row].logprob = NAN;
-    a.out[row].status = bad ? 1 : (!finite ? 2 : (!alive ? 5 : 0));
-  }
-  if (bad || !finite || !alive) return;
-  mx = block_reduce(mx, shd, MaxOp());
-  double s = 0.0;
-  for (int i = threadIdx.x; i < V; i += blockDim.x) s += exp((double)lg[i] - mx);
-  s = bsum(s, shd);
-  const double lse = mx + log(s);
-  if (threadIdx.x == 0) ws.lse[row] = lse;
+  __syncthreads();
+  if (!sh_flags) return;
+  const double lse = sh_lse;
   // Top-n by raw logit: n passes, each the best strictly after the previous
   // pick in the order (value desc, id asc).
   double pv = INFINITY;
@@ -236,7 +333,7 @@ __global__ void penalty_kernel(SampleArgs a, Workspace ws) {
 __global__ void __launch_bounds__(kThreads) transform_kernel(SampleArgs a, Workspace ws) {
   const int row = blockIdx.x;
   const SampleRow p = a.params[row];
-  if (p.skip || a.out[row].status != 0) return;
+  if (p.skip || a.out[row].status != 0 || greedy_direct(p)) return;  // greedy_direct: prep_kernel chose
   const int V = a.V;
   double* w = ws.w + (int64_t)row * V;
   __shared__ double shd[32];
@@ -394,16 +491,21 @@ __global__ void __launch_bounds__(kThreads) draw_kernel(SampleArgs a, Workspace 
 size_t sample_workspace_bytes(int rows, int V) {
   const size_t n = (size_t)rows * V;
   return align256(n * sizeof(double)) * 2 + align256(n * sizeof(int)) * 2 +
-         align256((size_t)rows * sizeof(double)) + align256(cub_temp_bytes(rows, V));
+         align256((size_t)rows * sizeof(double)) + align256((size_t)rows * n_chunks(V) * sizeof(ChunkStats)) +
+         align256(cub_temp_bytes(rows, V));
 }
 
 cudaError_t sample_rows(const SampleArgs& a, cudaStream_t st) {
   if (a.rows <= 0) return cudaSuccess;
-  if (a.V <= 0 || a.workspace_bytes < sample_workspace_bytes(a.rows, a.V))
+  // (rows: the chunk kernel's grid y, at most 65,535)
+  if (a.V <= 0 || a.rows > 65535 || a.workspace_bytes < sample_workspace_bytes(a.rows, a.V))
     return cudaErrorInvalidValue;
   Workspace ws = carve(a.workspace, a.rows, a.V);
-  prep_kernel<<<a.rows, kThreads, 0, st>>>(a, ws);
+  prep_chunk_kernel<<<dim3(n_chunks(a.V), a.rows), kChunkThreads, 0, st>>>(a, ws);
   cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  prep_kernel<<<a.rows, kThreads, 0, st>>>(a, ws);
+  e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (a.n_pen > 0) {
     penalty_kernel<<<ceil_div(a.n_pen, 256), 256, 0, st>>>(a, ws);
