@@ -260,11 +260,20 @@ struct CombineRows {
   int slots;
 };
 
-__device__ __forceinline__ float4 load_row4(const float* row, int c) {
+// Four values of an expert row as loaded (RowRaw: float4, or four BF16 in a
+// uint2) and widened exactly to FP32 (widen4).
+template <typename YT>
+struct RowRaw { using type = float4; };
+template <>
+struct RowRaw<__nv_bfloat16> { using type = uint2; };
+__device__ __forceinline__ float4 load_raw4(const float* row, int c) {
   return __ldg(reinterpret_cast<const float4*>(row) + c);
 }
-__device__ __forceinline__ float4 load_row4(const __nv_bfloat16* row, int c) {
-  const uint2 u = __ldg(reinterpret_cast<const uint2*>(row) + c);
+__device__ __forceinline__ uint2 load_raw4(const __nv_bfloat16* row, int c) {
+  return __ldg(reinterpret_cast<const uint2*>(row) + c);
+}
+__device__ __forceinline__ float4 widen4(float4 v) { return v; }
+__device__ __forceinline__ float4 widen4(uint2 u) {
   const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.x));
   const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u.y));
   return make_float4(lo.x, lo.y, hi.x, hi.y);
@@ -291,27 +300,47 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(Combi
       w[k] = __ldg(w4 + c);
     }
   }
+  // Two filled slots a round, both rows' loads in flight together (a 2k
+  // prefill step's token has its routed slot and the shared expert's: one
+  // load round trip where there were two), the FMAs still slot by slot in
+  // slot order, so the same sums.
+  using Raw = typename RowRaw<YT>::type;
   unsigned filled = __ballot_sync(0xffffffffu, pl >= 0);
   while (filled) {  // warp-uniform
-    const int j = __ffs(filled) - 1;
+    const int j0 = __ffs(filled) - 1;
     filled &= filled - 1;
-    const int p = __shfl_sync(0xffffffffu, pl, j);
-    const float wj = __shfl_sync(0xffffffffu, wl, j);
-    const YT* yr = cr.y + (int64_t)p * a.hidden;
-    float4 y[NV];
+    const int j1 = filled ? __ffs(filled) - 1 : j0;
+    const bool two = filled != 0;
+    if (two) filled &= filled - 1;
+    const int p0 = __shfl_sync(0xffffffffu, pl, j0), p1 = __shfl_sync(0xffffffffu, pl, j1);
+    const float w0 = __shfl_sync(0xffffffffu, wl, j0), w1 = __shfl_sync(0xffffffffu, wl, j1);
+    const YT* y0 = cr.y + (int64_t)p0 * a.hidden;
+    const YT* y1 = cr.y + (int64_t)p1 * a.hidden;
+    Raw r0[NV], r1[NV];
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int c = tid + k * nt;
-      if (c < n4) y[k] = load_row4(yr, c);
+      if (c < n4) {
+        r0[k] = load_raw4(y0, c);
+        if (two) r1[k] = load_raw4(y1, c);
+      }
     }
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int c = tid + k * nt;
       if (c < n4) {
-        acc[k].x += wj * y[k].x;
-        acc[k].y += wj * y[k].y;
-        acc[k].z += wj * y[k].z;
-        acc[k].w += wj * y[k].w;
+        const float4 y = widen4(r0[k]);
+        acc[k].x += w0 * y.x;
+        acc[k].y += w0 * y.y;
+        acc[k].z += w0 * y.z;
+        acc[k].w += w0 * y.w;
+        if (two) {
+          const float4 z = widen4(r1[k]);
+          acc[k].x += w1 * z.x;
+          acc[k].y += w1 * z.y;
+          acc[k].z += w1 * z.z;
+          acc[k].w += w1 * z.w;
+        }
       }
     }
   }
