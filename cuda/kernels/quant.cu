@@ -1,5 +1,6 @@
 // quant.cu — per-token dynamic FP8 activation quantization (docs/model.md §4.3),
 // alone and fused with SiLU(gate)*up (the input of every down projection).
+#include <algorithm>
 #include <type_traits>
 
 #include "common.cuh"
@@ -130,15 +131,19 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* row, int c) {
 // GT: the gate|up rows' type, float or __nv_bfloat16. SC (float rows only):
 // the rows are a GEMM's unscaled sums; each value is first scaled as
 // gemm_fp8_epilogue does, (sum * x_scale[r]) * w_scale[c] (c over 2 * inter).
+// Rows blockIdx.x, + gridDim.x, ... below min(rows, *rows_dev): with rows_dev
+// (the experts' sorted rows, a bound of rows x slots launched) the grid is a
+// few CTAs an SM instead of a CTA a bound row — a 2k prefill launched 18,432
+// CTAs for ~4,100 live rows, the rest exiting after reading *rows_dev.
 template <int NV, typename GT = float, bool SC = false>
 __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
-    const GT* __restrict__ gu, int inter, uint8_t* __restrict__ q, float* __restrict__ scale,
+    const GT* __restrict__ gu, int inter, uint8_t* __restrict__ q, float* __restrict__ scale, int rows,
     const int* __restrict__ rows_dev, const float* __restrict__ x_scale = nullptr,
     const float* __restrict__ w_scale = nullptr) {
   pdl_launch_dependents();
-  const int r = blockIdx.x;
-  if (rows_dev && r >= *rows_dev) return;
   __shared__ float scratch[32];
+  const int n_rows = rows_dev ? min(rows, *rows_dev) : rows;
+  for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
   const int n4 = inter / 4, tid = threadIdx.x, nt = blockDim.x;
   float4 h[NV], u[NV];
   if constexpr (std::is_same_v<GT, float>) {  // (as before the BF16 form: the same code)
@@ -199,6 +204,18 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
     if (c < n4) qr[c] = pack4(h[k], s);
   }
   if (tid == 0) scale[r] = s;
+  }
+}
+
+// The SiLU launches' grid: a CTA a row, or with rows_dev (most of the bound
+// rows empty) at most kSiluCtasPerSm CTAs an SM striding over the live rows.
+constexpr int kSiluCtasPerSm = 8;
+static int silu_grid(int rows, const int* rows_dev) {
+  if (!rows_dev) return rows;
+  int dev = 0;
+  DeviceInfo di;
+  if (device_info(dev, di) != cudaSuccess || di.sms <= 0) return rows;
+  return std::min(rows, di.sms * kSiluCtasPerSm);
 }
 
 // Vectors per thread and threads per row for n4 float4 columns: 0 if the row
@@ -265,11 +282,12 @@ cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uin
                      ? vec_shape(inter / 4, &threads)
                      : 0;
   if (nv <= 0) return cudaErrorInvalidValue;  // no scalar form: the runtime's shapes fit
+  const int grid = silu_grid(rows, rows_dev);
   switch (nv) {
-    case 1: silu_mul_quant_vec_kernel<1, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
-    case 2: silu_mul_quant_vec_kernel<2, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
-    case 3: silu_mul_quant_vec_kernel<3, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
-    case 4: silu_mul_quant_vec_kernel<4, __nv_bfloat16><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows_dev); break;
+    case 1: silu_mul_quant_vec_kernel<1, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
+    case 2: silu_mul_quant_vec_kernel<2, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
+    case 3: silu_mul_quant_vec_kernel<3, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
+    case 4: silu_mul_quant_vec_kernel<4, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -287,8 +305,8 @@ cudaError_t silu_mul_quant_fp8_scaled(const float* gu, int rows, int inter, cons
   switch (nv) {
 #define GLMK_SILU_SC(N)                                                                                     \
   case N:                                                                                                   \
-    silu_mul_quant_vec_kernel<N, float, true><<<rows, threads, 0, st>>>(gu, inter, q, scale, nullptr, x_scale, \
-                                                                        w_scale);                           \
+    silu_mul_quant_vec_kernel<N, float, true><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows, nullptr, \
+                                                                        x_scale, w_scale);                  \
     break;
     GLMK_SILU_SC(1)
     GLMK_SILU_SC(2)
@@ -311,7 +329,8 @@ cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q,
   int threads = 0;
   const int nv = ((uintptr_t)gu % 16 == 0 && (uintptr_t)q % 4 == 0) ? vec_shape(inter / 4, &threads) : 0;
   if (nv > 0) {
-    GLMK_VEC_DISPATCH(nv, silu_mul_quant_vec_kernel, rows, threads, st, gu, inter, q, scale, rows_dev)
+    GLMK_VEC_DISPATCH(nv, silu_mul_quant_vec_kernel, silu_grid(rows, rows_dev), threads, st, gu, inter, q, scale,
+                      rows, rows_dev)
   } else {
     silu_mul_quant_kernel<<<rows, kThreads, 0, st>>>(gu, inter, q, scale, rows_dev);
   }

@@ -2086,7 +2086,9 @@ static void check_quant_prev() {
     }
   }
   for (int inter : {1536, 256, 2052, 7000}) {
-    for (int rows : {1, 64, 576}) {
+    // (4,000 rows: with rows_dev the CTAs stride over the live rows)
+    for (int rows : {1, 64, 576, 4000}) {
+      if (rows == 4000 && inter > 1536) continue;
       std::vector<float> gu((size_t)rows * 2 * inter);
       for (auto& v : gu) v = randn() * 3;
       Dev<float> dgu(gu), s1(rows), s2(rows);
@@ -2451,7 +2453,9 @@ static void bench_norm_router() {
 
 // The prefill post-attention norm (no delta; FP8 rows, scales and 1/rms out)
 // at H 5,120: one row a CTA against several rows a CTA with the next row's
-// loads ahead; the rows rotated over >= 120 MB so they come from HBM.
+// loads ahead; the rows rotated over >= 120 MB so they come from HBM. Then
+// the prefill's other row kernels of a MoE layer's end: combine_add_rmsnorm
+// over BF16 expert rows and the experts' SiLU with rows_dev.
 // (--bench-norm-rows: this alone.)
 static void bench_norm_rows() {
   const int H = 5120;
@@ -2508,6 +2512,26 @@ static void bench_norm_rows() {
                      }, 20, 11, 3, 3) * 1000.f / 20;
     const double mb = (double)T * (H * 4 * 2 + H * 2 * 2 + H + 4) / 1e6;
     printf("%-44s T=%-4d %8.2f us (%.0f%% of 4.46 TB/s)\n", "combine_add_rmsnorm H=5120 bf16 rows, 2 of 9", T, us,
+           mb / us / 4.46 * 100);
+    fflush(stdout);
+  }
+  // The prefill experts' SiLU: BF16 gate|up rows, 9 slots a token launched,
+  // 2 a token live (rows_dev), the rows rotated over copies.
+  for (int T : {512, 2048, 8192}) {
+    const int I = 1536, live = 2 * T;
+    const size_t rowsz = (size_t)live * 2 * I;
+    const int copies = std::max<int>(1, (int)((100u << 20) / (rowsz * 2)) + 1);
+    std::vector<__nv_bfloat16> gv(rowsz * copies);
+    for (auto& v : gv) v = __float2bfloat16(randn());
+    Dev<__nv_bfloat16> g(gv);
+    Dev<uint8_t> q((size_t)live * I);
+    Dev<float> sc(live);
+    Dev<int> rd(std::vector<int>{live});
+    const float us = graph_replay_ms([&](int i, cudaStream_t s) {
+                       CK(silu_mul_quant_fp8(g.p + (size_t)(i % copies) * rowsz, 9 * T, I, q.p, sc.p, rd.p, s));
+                     }, 20, 11, 3, 3) * 1000.f / 20;
+    const double mb = (double)live * (2 * I * 2 + I + 4) / 1e6;
+    printf("%-44s T=%-4d %8.2f us (%.0f%% of 4.46 TB/s)\n", "silu_mul_quant_fp8 bf16 rows 9T launched, 2T", T, us,
            mb / us / 4.46 * 100);
     fflush(stdout);
   }
