@@ -2457,14 +2457,21 @@ static void bench_norm_router() {
 // the prefill's other row kernels of a MoE layer's end: combine_add_rmsnorm
 // over BF16 expert rows and the experts' SiLU with rows_dev.
 // (--bench-norm-rows: this alone.)
+// Random residual rows (n floats) and norm weights (H) for the row benches.
+static void random_rows_and_weights(size_t n, int H, std::vector<float>& hv, std::vector<float>& wv) {
+  hv.resize(n);
+  wv.resize(H);
+  for (auto& v : hv) v = randn();
+  for (auto& v : wv) v = randu(0.5f, 1.5f);
+}
+
 static void bench_norm_rows() {
   const int H = 5120;
   for (int T : {512, 2048, 8192}) {
     const size_t rowsz = (size_t)T * H;
     const int copies = std::max<int>(1, (int)((120u << 20) / (rowsz * 4)) + 1);
-    std::vector<float> hv(rowsz * copies), wv(H);
-    for (auto& v : hv) v = randn();
-    for (auto& v : wv) v = randu(0.5f, 1.5f);
+    std::vector<float> hv, wv;
+    random_rows_and_weights(rowsz * copies, H, hv, wv);
     Dev<float> h(hv), w(wv), sc(T), rs(T);
     Dev<uint8_t> q(rowsz);
     auto args = [&](int i) {
@@ -2491,9 +2498,8 @@ static void bench_norm_rows() {
   for (int T : {512, 2048, 8192}) {
     const size_t rowsz = (size_t)T * H;
     const int copies = std::max<int>(1, (int)((160u << 20) / (rowsz * 8)) + 1);
-    std::vector<float> hv(rowsz * copies), wv(H);
-    for (auto& v : hv) v = randn();
-    for (auto& v : wv) v = randu(0.5f, 1.5f);
+    std::vector<float> hv, wv;
+    random_rows_and_weights(rowsz * copies, H, hv, wv);
     std::vector<__nv_bfloat16> yv(2 * rowsz * copies);
     for (auto& v : yv) v = __float2bfloat16(randn());
     std::vector<int> inv((size_t)T * 9, -1);
