@@ -144,66 +144,66 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
   __shared__ float scratch[32];
   const int n_rows = rows_dev ? min(rows, *rows_dev) : rows;
   for (int r = blockIdx.x; r < n_rows; r += gridDim.x) {
-  const int n4 = inter / 4, tid = threadIdx.x, nt = blockDim.x;
-  float4 h[NV], u[NV];
-  if constexpr (std::is_same_v<GT, float>) {  // (as before the BF16 form: the same code)
-    const float4* g4 = reinterpret_cast<const float4*>(gu + (int64_t)r * 2 * inter);
-    const float4* u4 = g4 + inter / 4;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int c = tid + k * nt;
-      if (c < n4) {
-        h[k] = __ldg(g4 + c);
-        u[k] = __ldg(u4 + c);
-      }
-    }
-    if constexpr (SC) {
-      const float xr = __ldg(x_scale + r);
-      const float4* wg4 = reinterpret_cast<const float4*>(w_scale);
-      const float4* wu4 = wg4 + inter / 4;
+    const int n4 = inter / 4, tid = threadIdx.x, nt = blockDim.x;
+    float4 h[NV], u[NV];
+    if constexpr (std::is_same_v<GT, float>) {  // (as before the BF16 form: the same code)
+      const float4* g4 = reinterpret_cast<const float4*>(gu + (int64_t)r * 2 * inter);
+      const float4* u4 = g4 + inter / 4;
 #pragma unroll
       for (int k = 0; k < NV; ++k) {
         const int c = tid + k * nt;
         if (c < n4) {
-          const float4 a = __ldg(wg4 + c), b = __ldg(wu4 + c);
-          const float4 g = h[k], v = u[k];
-          h[k] = make_float4(g.x * xr * a.x, g.y * xr * a.y, g.z * xr * a.z, g.w * xr * a.w);
-          u[k] = make_float4(v.x * xr * b.x, v.y * xr * b.y, v.z * xr * b.z, v.w * xr * b.w);
+          h[k] = __ldg(g4 + c);
+          u[k] = __ldg(u4 + c);
+        }
+      }
+      if constexpr (SC) {
+        const float xr = __ldg(x_scale + r);
+        const float4* wg4 = reinterpret_cast<const float4*>(w_scale);
+        const float4* wu4 = wg4 + inter / 4;
+#pragma unroll
+        for (int k = 0; k < NV; ++k) {
+          const int c = tid + k * nt;
+          if (c < n4) {
+            const float4 a = __ldg(wg4 + c), b = __ldg(wu4 + c);
+            const float4 g = h[k], v = u[k];
+            h[k] = make_float4(g.x * xr * a.x, g.y * xr * a.y, g.z * xr * a.z, g.w * xr * a.w);
+            u[k] = make_float4(v.x * xr * b.x, v.y * xr * b.y, v.z * xr * b.z, v.w * xr * b.w);
+          }
+        }
+      }
+    } else {
+      const GT* g_row = gu + (int64_t)r * 2 * inter;
+      const GT* u_row = g_row + inter;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int c = tid + k * nt;
+        if (c < n4) {
+          h[k] = load4(g_row, c);
+          u[k] = load4(u_row, c);
         }
       }
     }
-  } else {
-    const GT* g_row = gu + (int64_t)r * 2 * inter;
-    const GT* u_row = g_row + inter;
+    float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int c = tid + k * nt;
       if (c < n4) {
-        h[k] = load4(g_row, c);
-        u[k] = load4(u_row, c);
+        const float4 g = h[k];
+        h[k] = make_float4(silu(g.x) * u[k].x, silu(g.y) * u[k].y, silu(g.z) * u[k].z,
+                           silu(g.w) * u[k].w);
+        amax = amax4(amax, h[k]);
       }
     }
-  }
-  float amax = 0.f;
+    amax = block_reduce(amax, scratch, MaxOp());
+    const float s = fmaxf(amax / kFp8Max, kMinActScale);
+    uint32_t* qr = reinterpret_cast<uint32_t*>(q + (int64_t)r * inter);
 #pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int c = tid + k * nt;
-    if (c < n4) {
-      const float4 g = h[k];
-      h[k] = make_float4(silu(g.x) * u[k].x, silu(g.y) * u[k].y, silu(g.z) * u[k].z,
-                         silu(g.w) * u[k].w);
-      amax = amax4(amax, h[k]);
+    for (int k = 0; k < NV; ++k) {
+      const int c = tid + k * nt;
+      if (c < n4) qr[c] = pack4(h[k], s);
     }
-  }
-  amax = block_reduce(amax, scratch, MaxOp());
-  const float s = fmaxf(amax / kFp8Max, kMinActScale);
-  uint32_t* qr = reinterpret_cast<uint32_t*>(q + (int64_t)r * inter);
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int c = tid + k * nt;
-    if (c < n4) qr[c] = pack4(h[k], s);
-  }
-  if (tid == 0) scale[r] = s;
+    if (tid == 0) scale[r] = s;
   }
 }
 
@@ -284,10 +284,18 @@ cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uin
   if (nv <= 0) return cudaErrorInvalidValue;  // no scalar form: the runtime's shapes fit
   const int grid = silu_grid(rows, rows_dev);
   switch (nv) {
-    case 1: silu_mul_quant_vec_kernel<1, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
-    case 2: silu_mul_quant_vec_kernel<2, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
-    case 3: silu_mul_quant_vec_kernel<3, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
-    case 4: silu_mul_quant_vec_kernel<4, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev); break;
+    case 1:
+      silu_mul_quant_vec_kernel<1, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
+      break;
+    case 2:
+      silu_mul_quant_vec_kernel<2, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
+      break;
+    case 3:
+      silu_mul_quant_vec_kernel<3, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
+      break;
+    case 4:
+      silu_mul_quant_vec_kernel<4, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
+      break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
