@@ -263,6 +263,19 @@ cudaError_t quant_rows_fp8(const float* x, int64_t ldx, int rows, int cols, uint
   return cudaGetLastError();
 }
 
+// The SiLU vector forms instantiated for BF16 and scaled rows: launch(NV) for
+// nv = 1..4 float4 per thread; false for any other nv.
+template <typename F>
+static bool with_silu_vec4(int nv, F&& launch) {
+  switch (nv) {
+    case 1: launch(std::integral_constant<int, 1>{}); return true;
+    case 2: launch(std::integral_constant<int, 2>{}); return true;
+    case 3: launch(std::integral_constant<int, 3>{}); return true;
+    case 4: launch(std::integral_constant<int, 4>{}); return true;
+    default: return false;
+  }
+}
+
 // Whether rows of `inter` columns fit the SiLU's vector forms instantiated for
 // BF16 and scaled rows (one to four float4 per thread; no scalar fallback).
 static bool silu_vec4_fits(int inter) {
@@ -283,21 +296,11 @@ cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uin
                      : 0;
   if (nv <= 0) return cudaErrorInvalidValue;  // no scalar form: the runtime's shapes fit
   const int grid = silu_grid(rows, rows_dev);
-  switch (nv) {
-    case 1:
-      silu_mul_quant_vec_kernel<1, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
-      break;
-    case 2:
-      silu_mul_quant_vec_kernel<2, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
-      break;
-    case 3:
-      silu_mul_quant_vec_kernel<3, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
-      break;
-    case 4:
-      silu_mul_quant_vec_kernel<4, __nv_bfloat16><<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
-      break;
-    default: return cudaErrorInvalidValue;
-  }
+  if (!with_silu_vec4(nv, [&](auto NV) {
+        silu_mul_quant_vec_kernel<decltype(NV)::value, __nv_bfloat16>
+            <<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
+      }))
+    return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
@@ -310,19 +313,11 @@ cudaError_t silu_mul_quant_fp8_scaled(const float* gu, int rows, int inter, cons
                      ? vec_shape(inter / 4, &threads)
                      : 0;
   if (nv <= 0) return cudaErrorInvalidValue;  // no scalar form: the runtime checks first
-  switch (nv) {
-#define GLMK_SILU_SC(N)                                                                                     \
-  case N:                                                                                                   \
-    silu_mul_quant_vec_kernel<N, float, true><<<rows, threads, 0, st>>>(gu, inter, q, scale, rows, nullptr, \
-                                                                        x_scale, w_scale);                  \
-    break;
-    GLMK_SILU_SC(1)
-    GLMK_SILU_SC(2)
-    GLMK_SILU_SC(3)
-    GLMK_SILU_SC(4)
-#undef GLMK_SILU_SC
-    default: return cudaErrorInvalidValue;
-  }
+  if (!with_silu_vec4(nv, [&](auto NV) {
+        silu_mul_quant_vec_kernel<decltype(NV)::value, float, true>
+            <<<rows, threads, 0, st>>>(gu, inter, q, scale, rows, nullptr, x_scale, w_scale);
+      }))
+    return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
