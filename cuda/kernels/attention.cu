@@ -1570,6 +1570,353 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
   }
 }
 
+// The warp-specialized form of the wgmma kernel for 128-row items (sm_90a;
+// FlashAttention-3's structure): one CTA an SM of three warpgroups. Warpgroup
+// 0 copies the K/V tiles (cp.async, the same swizzled layout and zero fill)
+// into an S-stage ring with full / empty mbarriers; warpgroups 1 and 2 own 64
+// rows each and run unsynchronised with each other. Each consumer overlaps
+// tile j's O += P V with tile j+1's S = Q K^T and softmax: S(j+1) and PV(j)
+// are issued back to back, the softmax of S(j+1) runs while PV(j) is in
+// flight (wait_group 1), and O is rescaled once PV(j) has landed. The same
+// masks, online softmax (operation for operation), output and split merge as
+// prefill_attn_kernel<1, 8, S, true>.
+template <int S>
+__global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs a) {
+#if defined(GLMK_HAS_WGMMA)
+  constexpr int ROWS = 128, NT = 384, PT = 128;  // rows, threads, producer threads
+  constexpr int LD_ITERS = kPfBN * 16 / PT;      // 16-byte chunks per producer thread per tile (K; V the same)
+  extern __shared__ __align__(1024) unsigned char pf_smem[];
+
+  const PrefillItem it = a.items[blockIdx.x];
+  const int kvh = blockIdx.y;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const int g = lane >> 2, t = lane & 3;
+  const int n_kv = a.n_kv_heads;
+  const int G = a.n_q_heads / n_kv;
+  const int bs = a.block_size;
+  const int k_begin = it.k_begin, k_end = it.k_end;
+  const int n_tiles = (k_end - k_begin + kPfBN - 1) / kPfBN;
+  // Shared memory: Q [ROWS][256 B] | S x [K 16 KB | V 16 KB] | lim[ROWS] |
+  // wlim[8][2] | flag | full[S], empty[S] (8-byte aligned), 1024-aligned base.
+  const uint32_t base = (uint32_t)__cvta_generic_to_shared(pf_smem);
+  const uint32_t q_s = (base + 1023u) & ~1023u;
+  const uint32_t kv_s = q_s + ROWS * 256;
+  unsigned char* const gen = pf_smem + (q_s - base);
+  int* lim_s = reinterpret_cast<int*>(gen + ROWS * 256 + S * kPfStageBytes);
+  int* wlim_s = lim_s + ROWS;  // [8 consumer warps][2]
+  int* flag_s = wlim_s + 16;
+  const uint32_t bar_full = (q_s + ROWS * 256 + S * kPfStageBytes + ROWS * 4 + 16 * 4 + 4 + 7u) & ~7u;
+  const uint32_t bar_empty = bar_full + 8 * S;
+  if (tid == 0) {
+    for (int i = 0; i < S; ++i) {
+      mbar_init(bar_full + 8 * i, PT);  // the producers' cp.async arrivals
+      mbar_init(bar_empty + 8 * i, 8);  // one per consumer warp
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+
+  // Q rows -> bf16 (scaled to log2 units) in shared memory, by every thread.
+  // Rows past the item repeat its last row (computed, never written).
+  {
+    const float qsc = a.scale * kLog2e;
+    for (int idx = tid; idx < ROWS * 16; idx += NT) {
+      const int r = idx >> 4, c = idx & 15;
+      const int f = it.row0 + min(r, it.n_rows - 1);
+      const int tq = f / G;
+      const int hh = f - tq * G;
+      const float4* src = reinterpret_cast<const float4*>(
+          a.q + ((int64_t)(it.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + hh) * kPfD + c * 8);
+      const float4 x0 = __ldg(src), x1 = __ldg(src + 1);
+      const uint32_t w0 = pack_bf16(x0.x * qsc, x0.y * qsc), w1 = pack_bf16(x0.z * qsc, x0.w * qsc);
+      const uint32_t w2 = pack_bf16(x1.x * qsc, x1.y * qsc), w3 = pack_bf16(x1.z * qsc, x1.w * qsc);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + pf_chunk_off<true>(r, c, ROWS)),
+                   "r"(w0), "r"(w1), "r"(w2), "r"(w3)
+                   : "memory");
+    }
+  }
+  // Row limits (consumer warps: cw = warp - 4 owns rows 16 cw ..).
+  if (wg > 0) {
+    const int cw = warp - 4;
+    int wlo = INT_MAX, whi = 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = cw * 16 + h * 8 + g;
+      const int f = it.row0 + min(rr, it.n_rows - 1);
+      const int pos = a.positions[it.q_begin + f / G];
+      const int lim = min(pos + 1, k_end);
+      if (t == 0) lim_s[rr] = lim;
+      wlo = min(wlo, lim);
+      whi = max(whi, lim);
+    }
+    wlo = __reduce_min_sync(0xffffffffu, wlo);
+    whi = __reduce_max_sync(0xffffffffu, whi);
+    if (lane == 0) {
+      wlim_s[2 * cw] = wlo;
+      wlim_s[2 * cw + 1] = whi;
+    }
+  }
+  fence_proxy_async();  // Q is read by the tensor cores
+  __syncthreads();
+
+  float o[16][4];
+  float m_r[2], l_r[2];
+  if (wg == 0) {
+    // ---- producer: tile j into stage j % S once every consumer warp freed it.
+    auto tile_groups = [&](int j) -> int {
+      const int key = k_begin + kPfBN * j + 16 * lane;
+      if (lane >= 4 || key >= k_end) return 0;
+      const int pg = key / bs;
+      const int off = key - pg * bs;
+      const int* bt = a.block_tables + a.seq_bt_offset[it.seq];
+      return (int)(((int64_t)bt[pg] * n_kv + kvh) * (bs >> 4) + (off >> 4));
+    };
+    const __nv_bfloat16* kc = a.k_cache;
+    const __nv_bfloat16* vc = a.v_cache;
+    int gj = tile_groups(0);
+    for (int j = 0; j < n_tiles; ++j) {
+      const int stage = j % S;
+      mbar_wait(bar_empty + 8 * stage, ((j / S) & 1) ^ 1);
+      const int key0 = k_begin + kPfBN * j;
+      const uint32_t dst = kv_s + stage * kPfStageBytes;
+      const int c = tid & 15;
+#pragma unroll
+      for (int i = 0; i < LD_ITERS; ++i) {
+        const int kr = (tid >> 4) + (PT / 16) * i;  // key within the tile
+        const int grp = __shfl_sync(0xffffffffu, gj, kr >> 4);
+        const bool ok = key0 + kr < k_end;
+        const int64_t src = (int64_t)grp * (16 * kPfD) + (kr & 15) * kPfD + c * 8;
+        const uint32_t so = pf_chunk_off<true>(kr, c, kPfBN);
+        cp_async16_zfill(dst + so, ok ? kc + src : kc, ok ? 16 : 0);
+        cp_async16_zfill(dst + kPfTileBytes + so, ok ? vc + src : vc, ok ? 16 : 0);
+      }
+      cp_async_mbar_arrive(bar_full + 8 * stage);
+      if (j + 1 < n_tiles) gj = tile_groups(j + 1);
+    }
+    cp_async_wait<0>();
+  } else {
+    // ---- consumers: warpgroup wg - 1 owns rows 64 (wg - 1) ..
+    const int cw = warp - 4;
+    const uint32_t qw = q_s + (wg - 1) * 64 * 128;
+    const int* wl = wlim_s + 8 * (wg - 1);
+    const int wg_hi = max(max(wl[1], wl[3]), max(wl[5], wl[7]));
+    // Tiles with some key before some row's limit: [0, n_eff); the rest only freed.
+    const int n_eff = min(n_tiles, max(0, (wg_hi - k_begin + kPfBN - 1) / kPfBN));
+#pragma unroll
+    for (int nd = 0; nd < 16; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
+    m_r[0] = m_r[1] = -INFINITY;
+    l_r[0] = l_r[1] = 0.f;
+    float sc[8][4];
+    uint32_t pa[4][4];
+    auto wait_tile = [&](int j) {
+      mbar_wait(bar_full + 8 * (j % S), (j / S) & 1);
+      fence_proxy_async();  // copied by cp.async (generic proxy), read by the tensor cores
+    };
+    // (Predicated, not a branch: ptxas serializes wgmma chains across a
+    // divergent path, C7520.)
+    auto release = [&](int j) {
+      __syncwarp();
+      mbar_arrive_if(bar_empty + 8 * (j % S), lane == 0);
+    };
+    auto issue_s = [&](int j) {
+      const uint32_t kb = kv_s + (j % S) * kPfStageBytes;
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk)
+        wgmma_m64n64k16_bf16_ss(sc, wgmma_desc(qw + (kk >> 2) * ROWS * 128 + (kk & 3) * 32),
+                                wgmma_desc(kb + (kk >> 2) * kPfBN * 128 + (kk & 3) * 32), kk);
+      wgmma_commit();
+    };
+    auto issue_pv = [&](int j) {
+      const uint32_t kb = kv_s + (j % S) * kPfStageBytes;
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_m64n128k16_bf16_rs_tb(o, pa[kk], wgmma_desc_mn(kb + kPfTileBytes + kk * 2048, kPfBN * 128));
+      wgmma_commit();
+    };
+    // Mask and softmax of tile j's S (in sc): p in sc, m updated; returns
+    // through al / sum what O and l need once PV(j - 1) has landed.
+    auto softmax = [&](int j, float (&al)[2], float (&sum)[2]) {
+      // The causal mask (and k_end) on every tile, as selects: no branch
+      // while PV(j - 1) is in flight.
+      const int key0 = k_begin + kPfBN * j;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int lim = lim_s[cw * 16 + h * 8 + g] - key0 - 2 * t;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          sc[nt][2 * h] = nt * 8 >= lim ? -INFINITY : sc[nt][2 * h];
+          sc[nt][2 * h + 1] = nt * 8 + 1 >= lim ? -INFINITY : sc[nt][2 * h + 1];
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) mx = fmaxf(mx, fmaxf(sc[nt][2 * h], sc[nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m_r[h], mx);
+        const float mu = mn == -INFINITY ? 0.f : mn;
+        al[h] = ex2(m_r[h] - mu);
+        m_r[h] = mn;
+        float sm = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          const float p0 = ex2(sc[nt][2 * h] - mu), p1 = ex2(sc[nt][2 * h + 1] - mu);
+          sc[nt][2 * h] = p0;
+          sc[nt][2 * h + 1] = p1;
+          sm += p0 + p1;
+        }
+        sum[h] = sm;
+      }
+    };
+    auto pack_p = [&]() {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        pa[kk][0] = pack_bf16(sc[2 * kk][0], sc[2 * kk][1]);
+        pa[kk][1] = pack_bf16(sc[2 * kk][2], sc[2 * kk][3]);
+        pa[kk][2] = pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]);
+        pa[kk][3] = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
+      }
+    };
+    auto rescale = [&](const float (&al)[2], const float (&sum)[2]) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        l_r[h] = l_r[h] * al[h] + sum[h];
+#pragma unroll
+        for (int nd = 0; nd < 16; ++nd) {
+          o[nd][2 * h] *= al[h];
+          o[nd][2 * h + 1] *= al[h];
+        }
+      }
+    };
+    if (n_eff > 0) {
+      wait_tile(0);
+      wgmma_fence();
+      issue_s(0);
+      wgmma_wait<0>();
+      float al[2], sum[2];
+      softmax(0, al, sum);
+      rescale(al, sum);
+      pack_p();
+    }
+    for (int j = 0; j + 1 < n_eff; ++j) {
+      wait_tile(j + 1);
+      wgmma_fence();  // sc, pa and O were written by other instructions
+      issue_s(j + 1);
+      issue_pv(j);
+      wgmma_wait<1>();  // S(j + 1); PV(j) may still run
+      float al[2], sum[2];
+      softmax(j + 1, al, sum);
+      wgmma_wait<0>();  // PV(j): O and pa free
+      release(j);
+      rescale(al, sum);
+      pack_p();
+    }
+    if (n_eff > 0) {
+      wgmma_fence();
+      issue_pv(n_eff - 1);
+      wgmma_wait<0>();
+      release(n_eff - 1);
+    }
+    for (int j = n_eff; j < n_tiles; ++j) {  // past every row of the warpgroup: freed unread
+      mbar_wait(bar_full + 8 * (j % S), (j / S) & 1);
+      release(j);
+    }
+  }
+
+  // The item's output fields, read again (registers are short in the loop).
+  const PrefillItem ie = ld_item(a.items + blockIdx.x);
+  if (wg > 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 1);
+      l_r[h] += __shfl_xor_sync(0xffffffffu, l_r[h], 2);
+    }
+  }
+  const int cw = warp - 4;
+  if (ie.n_splits <= 1) {
+    if (wg == 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = cw * 16 + h * 8 + g;
+      if (rr >= ie.n_rows) continue;
+      const int f = ie.row0 + rr;
+      const int tq = f / G;
+      float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD + 2 * t;
+      const float inv = l_r[h] > 0.f ? 1.f / l_r[h] : 0.f;
+#pragma unroll
+      for (int nd = 0; nd < 16; ++nd)
+        *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+    }
+    return;
+  }
+
+  // ---- a piece of a split item: publish the partial, the last piece merges.
+  float* slots = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + kPfCounterBytes);
+  if (wg > 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = cw * 16 + h * 8 + g;
+      if (rr >= ie.n_rows) continue;
+      float* sp = slots + (((int64_t)ie.part * n_kv + kvh) * ROWS + rr) * kPfSlotFloats;
+#pragma unroll
+      for (int nd = 0; nd < 16; ++nd)
+        __stcg(reinterpret_cast<float2*>(sp + nd * 8 + 2 * t), make_float2(o[nd][2 * h], o[nd][2 * h + 1]));
+      if (t == 0) __stcg(reinterpret_cast<float2*>(sp + kPfD), make_float2(m_r[h], l_r[h]));
+    }
+  }
+  if (!cta_arrive_last(static_cast<int*>(a.workspace) + ie.counter * n_kv + kvh, ie.n_splits, true, flag_s))
+    return;
+  {
+    const int n = ie.n_splits;
+    const int64_t pstride = (int64_t)n_kv * ROWS * kPfSlotFloats;
+    const float* s0 = slots + ((int64_t)ie.part0 * n_kv + kvh) * ROWS * kPfSlotFloats;
+    for (int idx = tid; idx < ie.n_rows * 32; idx += NT) {
+      const int r = idx >> 5, c4 = idx & 31;
+      const float* rp = s0 + (int64_t)r * kPfSlotFloats;
+      float M = -INFINITY;
+      for (int i = 0; i < n; ++i) M = fmaxf(M, __ldcg(rp + i * pstride + kPfD));
+      float L = 0.f;
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int i = 0; i < n; ++i) {
+        const float2 ml = __ldcg(reinterpret_cast<const float2*>(rp + i * pstride + kPfD));
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(rp + i * pstride) + c4);
+        const float w = ml.x == -INFINITY ? 0.f : ex2(ml.x - M);
+        L += ml.y * w;
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      const int f = ie.row0 + r;
+      const int tq = f / G;
+      float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD;
+      reinterpret_cast<float4*>(dst)[c4] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    }
+  }
+#else
+  __trap();  // launched only on sm_90 (attention_prefill)
+#endif
+}
+
+template <int S>
+cudaError_t pf_ws_launch(const PrefillAttnArgs& a, cudaStream_t st) {
+  constexpr int smem = 1024 + 128 * 256 + S * kPfStageBytes + 128 * 4 + 16 * 4 + 4 + 8 + 16 * S;
+  static std::atomic<unsigned long long> done{0};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
+  if (!bit || !(done.load(std::memory_order_relaxed) & bit)) {
+    e = cudaFuncSetAttribute(prefill_attn_ws_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    done.fetch_or(bit, std::memory_order_relaxed);
+  }
+  prefill_attn_ws_kernel<S><<<dim3(a.n_items, a.n_kv_heads), 384, smem, st>>>(a);
+  return cudaGetLastError();
+}
+
 // cudaFuncSetAttribute once per device and kernel instantiation.
 template <int MT, int NW, int S, bool WG>
 cudaError_t pf_prepare(int smem) {
@@ -1737,14 +2084,18 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
       !a.out)
     return cudaErrorInvalidValue;
   if (a.n_parts > 0 && !a.workspace) return cudaErrorInvalidValue;
-  const int stages = g_pf_tuning.stages == 3 ? 3 : 2;
+  const int stages = g_pf_tuning.stages >= 3 ? 3 : 2;
   int dev = 0;
   DeviceInfo di;
   const cudaError_t e = device_info(dev, di);
   if (e != cudaSuccess) return e;
   const int kernel = g_pf_tuning.kernel;
   if (kernel == 2 && di.major != 9) return cudaErrorInvalidValue;  // wgmma: sm_90 only
-  if (kernel == 2 || (kernel == 0 && di.major == 9)) {
+  if (kernel == 3 && di.major != 9) return cudaErrorInvalidValue;
+  // 128-row items on sm_90: the warp-specialized kernel (4 stages unless 3 asked).
+  if ((kernel == 3 || (kernel == 0 && di.major == 9)) && a.rows == 128)
+    return g_pf_tuning.stages == 3 ? pf_ws_launch<3>(a, st) : pf_ws_launch<4>(a, st);
+  if (kernel >= 2 || (kernel == 0 && di.major == 9)) {
     // Two warpgroups for 128-row items, one for 64-row ones.
     if (a.rows == 128) return stages == 3 ? pf_launch<1, 8, 3, true>(a, st) : pf_launch<1, 8, 2, true>(a, st);
     return stages == 3 ? pf_launch<1, 4, 3, true>(a, st) : pf_launch<1, 4, 2, true>(a, st);

@@ -402,7 +402,7 @@ static double causal_flops(const std::vector<Seq>& seqs, int NH) {
 }
 
 struct BenchOut {
-  double ms, tflops, old_ms, mma_ms;
+  double ms, tflops, old_ms, mma_ms, ws_ms[2] = {NAN, NAN}, wg_ms = NAN;
   int items, parts;
 };
 static BenchOut bench_one(const BenchShape& b, bool with_old) {
@@ -421,7 +421,7 @@ static BenchOut bench_one(const BenchShape& b, bool with_old) {
   const double fl = causal_flops(b.seqs, 12);
   const int reps = fl > 2e11 ? 5 : 20;
   const double ms = median_ms(reps, 0, [&](int) { CK(attention_prefill(a, 0)); });
-  BenchOut r{ms, fl / (ms * 1e-3) / 1e12, NAN, NAN, D.plan.n_items, D.plan.n_parts};
+  BenchOut r{ms, fl / (ms * 1e-3) / 1e12, NAN, NAN, {NAN, NAN}, NAN, D.plan.n_items, D.plan.n_parts};
   if (g_major == 9) {  // the mma.sync kernel on the same plan (the default there is the wgmma one)
     PrefillAttnTuning t, keep;
     prefill_attention_get_tuning(&keep);
@@ -430,6 +430,19 @@ static BenchOut bench_one(const BenchShape& b, bool with_old) {
     prefill_attention_set_tuning(&t);
     CK(attention_prefill(a, 0));
     r.mma_ms = median_ms(reps, 0, [&](int) { CK(attention_prefill(a, 0)); });
+    t = keep;
+    t.kernel = 2;  // the wgmma kernel without warp specialization
+    prefill_attention_set_tuning(&t);
+    CK(attention_prefill(a, 0));
+    r.wg_ms = median_ms(reps, 0, [&](int) { CK(attention_prefill(a, 0)); });
+    for (int st : {3, 4}) {  // the warp-specialized kernel (128-row items; 64-row ones run the wgmma kernel)
+      t = keep;
+      t.kernel = 3;
+      t.stages = st;
+      prefill_attention_set_tuning(&t);
+      CK(attention_prefill(a, 0));
+      r.ws_ms[st - 3] = median_ms(reps, 0, [&](int) { CK(attention_prefill(a, 0)); });
+    }
     prefill_attention_set_tuning(&keep);
   }
   if (with_old && b.old_path) {
@@ -475,10 +488,11 @@ static void bench(const char* json) {
   for (const BenchShape& b : bench_shapes()) {
     const BenchOut r = bench_one(b, true);
     const double mtf = std::isnan(r.mma_ms) ? NAN : r.tflops * r.ms / r.mma_ms;
-    printf("%-22s %10.4f %8.1f %10s %8s %10s %8s %7d %6d\n", b.name.c_str(), r.ms, r.tflops,
+    printf("%-22s %10.4f %8.1f %10s %8s %10s %8s %7d %6d | wg %.4f ws s3 %.4f s4 %.4f\n", b.name.c_str(), r.ms, r.tflops,
            std::isnan(r.mma_ms) ? "-" : fmt("%.4f", r.mma_ms).c_str(), std::isnan(mtf) ? "-" : fmt("%.1f", mtf).c_str(),
            std::isnan(r.old_ms) ? "-" : fmt("%.3f", r.old_ms).c_str(),
-           std::isnan(r.old_ms) ? "-" : fmt("%.0fx", r.old_ms / r.ms).c_str(), r.items, r.parts);
+           std::isnan(r.old_ms) ? "-" : fmt("%.0fx", r.old_ms / r.ms).c_str(), r.items, r.parts, r.wg_ms,
+           r.ws_ms[0], r.ws_ms[1]);
     if (jf) {
       fprintf(jf, "%s  {\"shape\": \"%s\", \"ms\": %.5f, \"tflops\": %.2f, \"old_ms\": %s}", firstj ? "" : ",\n",
               b.name.c_str(), r.ms, r.tflops, std::isnan(r.old_ms) ? "null" : fmt("%.4f", r.old_ms).c_str());
@@ -546,9 +560,14 @@ int main(int argc, char** argv) {
         knobs.push_back(t);
       }
     }
+    if (g_major == 9)  // the warp-specialized kernel: 128-row items, 3 and 4 stages
+      for (PrefillAttnTuning t : {PrefillAttnTuning{128, 4, 4, 0.5f, 3}, PrefillAttnTuning{128, 3, 1, 4.0f, 3},
+                                  PrefillAttnTuning{128, 4, 4, 0.0f, 3}})
+        knobs.push_back(t);
     for (const auto& t : knobs) {
       prefill_attention_set_tuning(&t);
-      const std::string w = fmt("%s r%d s%d", t.kernel == 2 ? "wg" : "mma", t.rows, t.stages);
+      const std::string w =
+          fmt("%s r%d s%d", t.kernel == 3 ? "ws" : t.kernel == 2 ? "wg" : "mma", t.rows, t.stages);
       run_case({w + " prompt", {{1, 0}}, 12, 1, 16, 0});
       run_case({w + " prompt", {{17, 0}}, 12, 1, 16, 0});
       run_case({w + " prompt", {{200, 0}}, 12, 1, 16, 2});
