@@ -1163,7 +1163,8 @@ struct PfTuning {
                               // x 64), 64 (4 warps x 16 rows; 1 warpgroup), 0: chosen per step
   int stages = 2;             // K/V ring depth of the mma.sync and wgmma kernels: 2 or 3 (smem 96 / 128 KB per
                               // CTA at 128 rows); the warp-specialized kernel: 3 or 4, else its default (3)
-  int min_split_tiles = 4;    // pieces of a split item have at least this many 64-key tiles
+  int min_split_tiles = 8;    // pieces of a split item have at least this many 64-key tiles (H200,
+                              // 2026-11-29: at 4 a 512-token prompt took 0.032 ms split against 0.018 unsplit)
   float split_frac = 2.0f;    // split target: split_frac * (tiles per SM); 0: never split
   // ... at most this when the items would fill fewer than two CTAs per SM
   // and are long (kPfUnderfillMinTiles key tiles on average): a 2,048-token
@@ -1990,9 +1991,13 @@ bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, in
   }
   if (num_sms <= 0) num_sms = 132;
   // Auto rows: 64-row items (twice the CTAs, each K/V tile shared by half the
-  // rows) when 128-row items would not fill four CTAs per SM and are short
-  // (under 64 tiles of keys on average: early prompt chunks, whose causal
-  // triangle makes items uneven); 128 otherwise (long key ranges, many items).
+  // rows) when 128-row items would not fill four CTAs per SM (with the
+  // warp-specialized kernel: one CTA per SM) and are short (under 64 tiles of
+  // keys on average: early prompt chunks, whose causal triangle makes items
+  // uneven); 128 otherwise (long key ranges, many items). H200, 2026-11-29,
+  // TTFT with the ws kernel's rule at 1 against 4 CTAs an SM: 2,048 tokens
+  // 50.8 -> 49.8 ms, 4,096 (two 2k chunks) 109.5 -> 105.5, 1,024 unchanged
+  // (at 0.5: 1,024 36.9 -> 37.6).
   int R = tu.rows == 64 ? 64 : 128;
   if (tu.rows != 64 && tu.rows != 128) {
     long long n128 = 0, tiles128 = 0;
@@ -2006,7 +2011,18 @@ bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, in
         ++n128;
       }
     }
-    R = (n128 * n_kv_heads < 4LL * num_sms && tiles128 < 64 * n128) ? 64 : 128;
+    // With the warp-specialized kernel (sm_90; one CTA an SM) 128-row items
+    // win down to fewer of them.
+#if !defined(GLMK_PF_WS_ROWS64_ITEMS)
+#define GLMK_PF_WS_ROWS64_ITEMS 1.0
+#endif
+    int dev = 0;
+    DeviceInfo di;
+    const cudaError_t de = device_info(dev, di);
+    if (de != cudaSuccess) (void)cudaGetLastError();  // not left for the caller: the old rule then
+    const bool ws = (tu.kernel == 0 || tu.kernel == 3) && de == cudaSuccess && di.major == 9;
+    const double f = ws ? GLMK_PF_WS_ROWS64_ITEMS : 4.0;
+    R = ((double)n128 * n_kv_heads < f * num_sms && tiles128 < 64 * n128) ? 64 : 128;
   }
   plan->rows = R;
   struct Blk {

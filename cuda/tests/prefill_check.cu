@@ -508,12 +508,17 @@ static void bench(const char* json) {
 
 static void sweep() {
   printf("\nattention_prefill knob sweep (ms)\n");
-  const std::vector<BenchShape> shapes = {{"prompt_2048", {{2048, 0}}, false},
+  const std::vector<BenchShape> shapes = {{"prompt_512", {{512, 0}}, false},
+                                          {"prompt_1024", {{1024, 0}}, false},
+                                          {"prompt_1536", {{1536, 0}}, false},
+                                          {"prompt_2048", {{2048, 0}}, false},
+                                          {"chunk_2048_at_2048", {{2048, 2048}}, false},
+                                          {"prompt_4096", {{4096, 0}}, false},
                                           {"prompt_8192", {{8192, 0}}, false},
                                           {"chunk_2048_at_14336", {{2048, 14336}}, false},
                                           {"batch8_prompt_1024", std::vector<Seq>(8, Seq{1024, 0}), false}};
   printf("%-26s", "rows st mst frac");
-  for (auto& s : shapes) printf(" %20s", s.name.c_str());
+  for (auto& s : shapes) printf(" %19s", s.name.c_str());
   printf("\n");
   for (int rows : {0, 128, 64})  // 0: the planner's choice
     for (int st : {2, 3})
@@ -521,7 +526,7 @@ static void sweep() {
         PrefillAttnTuning t{rows, st, 4, frac, 0};
         prefill_attention_set_tuning(&t);
         printf("%-26s", fmt("%d %d %d %.1f", rows, st, 4, frac).c_str());
-        for (auto& s : shapes) printf(" %20.4f", bench_one(s, false).ms);
+        for (auto& s : shapes) printf(" %19.4f", bench_one(s, false).ms);
         printf("\n");
         fflush(stdout);
       }
