@@ -1199,6 +1199,90 @@ __device__ __forceinline__ uint32_t pf_chunk_off(int r, int c, int nrows) {
   else return (uint32_t)(r * 256 + ((c ^ (r & 7)) << 4));
 }
 
+// The pieces both prefill kernels share (the wgmma kernel's and the
+// warp-specialized one's): Q into shared memory, the output rows, the split
+// pieces' partials and their merge.
+
+// Q rows -> bf16 (scaled to log2 units) at q_s in pf_chunk_off<WG>'s layout,
+// by nt threads from thread tid. Rows past the item repeat its last row
+// (computed, never written).
+template <int ROWS, bool WG>
+__device__ __forceinline__ void pf_load_q(const PrefillAttnArgs& a, const PrefillItem& it, int kvh, int G,
+                                          uint32_t q_s, int tid, int nt) {
+  const float qsc = a.scale * kLog2e;
+  for (int idx = tid; idx < ROWS * 16; idx += nt) {
+    const int r = idx >> 4, c = idx & 15;
+    const int f = it.row0 + min(r, it.n_rows - 1);
+    const int tq = f / G;
+    const int hh = f - tq * G;
+    const float4* src = reinterpret_cast<const float4*>(
+        a.q + ((int64_t)(it.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + hh) * kPfD + c * 8);
+    const float4 x0 = __ldg(src), x1 = __ldg(src + 1);
+    const uint32_t w0 = pack_bf16(x0.x * qsc, x0.y * qsc), w1 = pack_bf16(x0.z * qsc, x0.w * qsc);
+    const uint32_t w2 = pack_bf16(x1.x * qsc, x1.y * qsc), w3 = pack_bf16(x1.z * qsc, x1.w * qsc);
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + pf_chunk_off<WG>(r, c, ROWS)), "r"(w0),
+                 "r"(w1), "r"(w2), "r"(w3)
+                 : "memory");
+  }
+}
+
+// The output row of the item's row rr.
+__device__ __forceinline__ float* pf_out_row(const PrefillAttnArgs& a, const PrefillItem& ie, int kvh, int G,
+                                             int rr) {
+  const int f = ie.row0 + rr;
+  const int tq = f / G;
+  return a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD;
+}
+
+// A thread's half h of its 16-row tile (o[nd][2h], o[nd][2h + 1]: dims 8nd +
+// 2t, +1 of row rr): normalised into the output row (unsplit items), or with
+// (m, l) into the piece's workspace slot (split items).
+__device__ __forceinline__ void pf_store_half(float* row, const float (&o)[16][4], int h, int t, float l) {
+  float* const dst = row + 2 * t;
+  const float inv = l > 0.f ? 1.f / l : 0.f;
+#pragma unroll
+  for (int nd = 0; nd < 16; ++nd)
+    *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+}
+__device__ __forceinline__ void pf_publish_half(float* slot, const float (&o)[16][4], int h, int t, float m, float l) {
+  float* const dst = slot + 2 * t;
+#pragma unroll
+  for (int nd = 0; nd < 16; ++nd)
+    __stcg(reinterpret_cast<float2*>(dst + nd * 8), make_float2(o[nd][2 * h], o[nd][2 * h + 1]));
+  if (t == 0) __stcg(reinterpret_cast<float2*>(slot + kPfD), make_float2(m, l));
+}
+
+// The last piece of a split item merges every piece's rows in piece order
+// into the output, nt threads from thread tid.
+template <int ROWS>
+__device__ __forceinline__ void pf_merge(const PrefillAttnArgs& a, const PrefillItem& ie, int kvh, int G,
+                                         const float* slots, int tid, int nt) {
+  const int n = ie.n_splits, n_kv = a.n_kv_heads;
+  const int64_t pstride = (int64_t)n_kv * ROWS * kPfSlotFloats;  // a row's slots of consecutive pieces
+  const float* s0 = slots + ((int64_t)ie.part0 * n_kv + kvh) * ROWS * kPfSlotFloats;
+  for (int idx = tid; idx < ie.n_rows * 32; idx += nt) {
+    const int r = idx >> 5, c4 = idx & 31;
+    const float* rp = s0 + (int64_t)r * kPfSlotFloats;
+    float M = -INFINITY;
+    for (int i = 0; i < n; ++i) M = fmaxf(M, __ldcg(rp + i * pstride + kPfD));
+    float L = 0.f;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int i = 0; i < n; ++i) {
+      const float2 ml = __ldcg(reinterpret_cast<const float2*>(rp + i * pstride + kPfD));
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(rp + i * pstride) + c4);
+      const float w = ml.x == -INFINITY ? 0.f : ex2(ml.x - M);
+      L += ml.y * w;
+      acc.x += w * v.x;
+      acc.y += w * v.y;
+      acc.z += w * v.z;
+      acc.w += w * v.w;
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    reinterpret_cast<float4*>(pf_out_row(a, ie, kvh, G, r))[c4] =
+        make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+  }
+}
+
 // WG: the same flash loop on the wgmma tensor cores (sm_90a). MT = 1; each
 // warpgroup (4 warps) owns 64 rows: S = Q K^T as 8 m64n64k16 with Q and K
 // from shared memory, the mask and online softmax on the accumulators (the
@@ -1283,25 +1367,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
   }
   int gnext = tile_groups(S - 1);  // the next tile to issue
 
-  // Q rows -> bf16 (scaled to log2 units) in shared memory. Rows past the
-  // item repeat its last row (computed, never written).
-  {
-    const float qsc = a.scale * kLog2e;
-    for (int idx = tid; idx < ROWS * 16; idx += NT) {
-      const int r = idx >> 4, c = idx & 15;
-      const int f = it.row0 + min(r, it.n_rows - 1);
-      const int tq = f / G;
-      const int hh = f - tq * G;
-      const float4* src = reinterpret_cast<const float4*>(
-          a.q + ((int64_t)(it.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + hh) * kPfD + c * 8);
-      const float4 x0 = __ldg(src), x1 = __ldg(src + 1);
-      const uint32_t w0 = pack_bf16(x0.x * qsc, x0.y * qsc), w1 = pack_bf16(x0.z * qsc, x0.w * qsc);
-      const uint32_t w2 = pack_bf16(x1.x * qsc, x1.y * qsc), w3 = pack_bf16(x1.z * qsc, x1.w * qsc);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + pf_chunk_off<WG>(r, c, ROWS)),
-                   "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                   : "memory");
-    }
-  }
+  pf_load_q<ROWS, WG>(a, it, kvh, G, q_s, tid, NT);
 
   // Row limits: row rr sees keys < lim_s[rr] = min(position + 1, k_end); wlim_s:
   // the warp's smallest and largest (shared memory: registers are short in the
@@ -1514,15 +1580,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int rr = warp * WROWS + mt * 16 + h * 8 + g;
-        if (rr >= ie.n_rows) continue;
-        const int f = ie.row0 + rr;
-        const int tq = f / G;
-        float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD +
-                     2 * t;
-        const float inv = l_r[mt][h] > 0.f ? 1.f / l_r[mt][h] : 0.f;
-#pragma unroll
-        for (int nd = 0; nd < 16; ++nd)
-          *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[mt][nd][2 * h] * inv, o[mt][nd][2 * h + 1] * inv);
+        if (rr < ie.n_rows) pf_store_half(pf_out_row(a, ie, kvh, G, rr), o[mt], h, t, l_r[mt][h]);
       }
     return;
   }
@@ -1534,43 +1592,13 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rr = warp * WROWS + mt * 16 + h * 8 + g;
-      if (rr >= ie.n_rows) continue;
-      float* sp = slots + (((int64_t)ie.part * n_kv + kvh) * ROWS + rr) * kPfSlotFloats;
-#pragma unroll
-      for (int nd = 0; nd < 16; ++nd)
-        __stcg(reinterpret_cast<float2*>(sp + nd * 8 + 2 * t), make_float2(o[mt][nd][2 * h], o[mt][nd][2 * h + 1]));
-      if (t == 0) __stcg(reinterpret_cast<float2*>(sp + kPfD), make_float2(m_r[mt][h], l_r[mt][h]));
+      if (rr < ie.n_rows)
+        pf_publish_half(slots + (((int64_t)ie.part * n_kv + kvh) * ROWS + rr) * kPfSlotFloats, o[mt], h, t,
+                        m_r[mt][h], l_r[mt][h]);
     }
   if (!cta_arrive_last(static_cast<int*>(a.workspace) + ie.counter * n_kv + kvh, ie.n_splits, true, flag_s))
     return;
-  {
-    const int n = ie.n_splits;
-    const int64_t pstride = (int64_t)n_kv * ROWS * kPfSlotFloats;  // a row's slots of consecutive pieces
-    const float* s0 = slots + ((int64_t)ie.part0 * n_kv + kvh) * ROWS * kPfSlotFloats;
-    for (int idx = tid; idx < ie.n_rows * 32; idx += NT) {
-      const int r = idx >> 5, c4 = idx & 31;
-      const float* rp = s0 + (int64_t)r * kPfSlotFloats;
-      float M = -INFINITY;
-      for (int i = 0; i < n; ++i) M = fmaxf(M, __ldcg(rp + i * pstride + kPfD));
-      float L = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int i = 0; i < n; ++i) {
-        const float2 ml = __ldcg(reinterpret_cast<const float2*>(rp + i * pstride + kPfD));
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(rp + i * pstride) + c4);
-        const float w = ml.x == -INFINITY ? 0.f : ex2(ml.x - M);
-        L += ml.y * w;
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
-      }
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      const int f = ie.row0 + r;
-      const int tq = f / G;
-      float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD;
-      reinterpret_cast<float4*>(dst)[c4] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-    }
-  }
+  pf_merge<ROWS>(a, ie, kvh, G, slots, tid, NT);
 }
 
 // The warp-specialized form of the wgmma kernel for 128-row items (sm_90a;
@@ -1618,25 +1646,7 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
 
-  // Q rows -> bf16 (scaled to log2 units) in shared memory, by every thread.
-  // Rows past the item repeat its last row (computed, never written).
-  {
-    const float qsc = a.scale * kLog2e;
-    for (int idx = tid; idx < ROWS * 16; idx += NT) {
-      const int r = idx >> 4, c = idx & 15;
-      const int f = it.row0 + min(r, it.n_rows - 1);
-      const int tq = f / G;
-      const int hh = f - tq * G;
-      const float4* src = reinterpret_cast<const float4*>(
-          a.q + ((int64_t)(it.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + hh) * kPfD + c * 8);
-      const float4 x0 = __ldg(src), x1 = __ldg(src + 1);
-      const uint32_t w0 = pack_bf16(x0.x * qsc, x0.y * qsc), w1 = pack_bf16(x0.z * qsc, x0.w * qsc);
-      const uint32_t w2 = pack_bf16(x1.x * qsc, x1.y * qsc), w3 = pack_bf16(x1.z * qsc, x1.w * qsc);
-      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_s + pf_chunk_off<true>(r, c, ROWS)),
-                   "r"(w0), "r"(w1), "r"(w2), "r"(w3)
-                   : "memory");
-    }
-  }
+  pf_load_q<ROWS, true>(a, it, kvh, G, q_s, tid, NT);  // by every thread
   // Row limits (consumer warps: cw = warp - 4 owns rows 16 cw ..).
   if (wg > 0) {
     const int cw = warp - 4;
@@ -1854,14 +1864,7 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rr = cw * 16 + h * 8 + g;
-      if (rr >= ie.n_rows) continue;
-      const int f = ie.row0 + rr;
-      const int tq = f / G;
-      float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD + 2 * t;
-      const float inv = l_r[h] > 0.f ? 1.f / l_r[h] : 0.f;
-#pragma unroll
-      for (int nd = 0; nd < 16; ++nd)
-        *reinterpret_cast<float2*>(dst + nd * 8) = make_float2(o[nd][2 * h] * inv, o[nd][2 * h + 1] * inv);
+      if (rr < ie.n_rows) pf_store_half(pf_out_row(a, ie, kvh, G, rr), o, h, t, l_r[h]);
     }
     return;
   }
@@ -1872,44 +1875,14 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rr = cw * 16 + h * 8 + g;
-      if (rr >= ie.n_rows) continue;
-      float* sp = slots + (((int64_t)ie.part * n_kv + kvh) * ROWS + rr) * kPfSlotFloats;
-#pragma unroll
-      for (int nd = 0; nd < 16; ++nd)
-        __stcg(reinterpret_cast<float2*>(sp + nd * 8 + 2 * t), make_float2(o[nd][2 * h], o[nd][2 * h + 1]));
-      if (t == 0) __stcg(reinterpret_cast<float2*>(sp + kPfD), make_float2(m_r[h], l_r[h]));
+      if (rr < ie.n_rows)
+        pf_publish_half(slots + (((int64_t)ie.part * n_kv + kvh) * ROWS + rr) * kPfSlotFloats, o, h, t, m_r[h],
+                        l_r[h]);
     }
   }
   if (!cta_arrive_last(static_cast<int*>(a.workspace) + ie.counter * n_kv + kvh, ie.n_splits, true, flag_s))
     return;
-  {
-    const int n = ie.n_splits;
-    const int64_t pstride = (int64_t)n_kv * ROWS * kPfSlotFloats;
-    const float* s0 = slots + ((int64_t)ie.part0 * n_kv + kvh) * ROWS * kPfSlotFloats;
-    for (int idx = tid; idx < ie.n_rows * 32; idx += NT) {
-      const int r = idx >> 5, c4 = idx & 31;
-      const float* rp = s0 + (int64_t)r * kPfSlotFloats;
-      float M = -INFINITY;
-      for (int i = 0; i < n; ++i) M = fmaxf(M, __ldcg(rp + i * pstride + kPfD));
-      float L = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      for (int i = 0; i < n; ++i) {
-        const float2 ml = __ldcg(reinterpret_cast<const float2*>(rp + i * pstride + kPfD));
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(rp + i * pstride) + c4);
-        const float w = ml.x == -INFINITY ? 0.f : ex2(ml.x - M);
-        L += ml.y * w;
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
-      }
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      const int f = ie.row0 + r;
-      const int tq = f / G;
-      float* dst = a.out + ((int64_t)(ie.q_begin + tq) * a.n_q_heads + (int64_t)kvh * G + (f - tq * G)) * kPfD;
-      reinterpret_cast<float4*>(dst)[c4] = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-    }
-  }
+  pf_merge<ROWS>(a, ie, kvh, G, slots, tid, NT);
 #else
   __trap();  // launched only on sm_90 (attention_prefill)
 #endif
