@@ -1226,6 +1226,70 @@ __device__ __forceinline__ void pf_load_q(const PrefillAttnArgs& a, const Prefil
   }
 }
 
+// Cache offset, in 16-key groups of 128 dims (2048 elements), of group
+// `lane` (lanes 0..3) of the 64-key tile j of keys [k_begin, k_end) of KV
+// head kvh, bt the sequence's block table (0 past k_end: never read).
+__device__ __forceinline__ int pf_tile_group(const int* bt, int k_begin, int k_end, int bs, int n_kv, int kvh,
+                                             int j, int lane) {
+  const int key = k_begin + kPfBN * j + 16 * lane;
+  if (lane >= 4 || key >= k_end) return 0;
+  const int pg = key / bs;
+  const int off = key - pg * bs;
+  return (int)(((int64_t)bt[pg] * n_kv + kvh) * (bs >> 4) + (off >> 4));
+}
+
+// Copies the tile of keys key0 .. key0 + 63 into the stage at dst by NT
+// threads: thread tid copies 16-byte chunk (tid & 15) of keys (tid >> 4) +
+// (NT / 16) i of K and of V (cp.async; keys >= k_end zero-filled, and
+// masked). gj: pf_tile_group of the tile in lanes 0..3.
+template <int NT, bool WG>
+__device__ __forceinline__ void pf_copy_tile(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int key0, int k_end,
+                                             uint32_t dst, int gj, int tid) {
+  constexpr int LD_ITERS = kPfBN * 16 / NT;  // 16-byte chunks per thread (K; V the same)
+  static_assert(LD_ITERS * NT == kPfBN * 16 && NT % 16 == 0, "tile copy split");
+  const int c = tid & 15;
+#pragma unroll
+  for (int i = 0; i < LD_ITERS; ++i) {
+    const int kr = (tid >> 4) + (NT / 16) * i;  // key within the tile
+    const int grp = __shfl_sync(0xffffffffu, gj, kr >> 4);
+    const bool ok = key0 + kr < k_end;
+    const int64_t src = (int64_t)grp * (16 * kPfD) + (kr & 15) * kPfD + c * 8;
+    const uint32_t so = pf_chunk_off<WG>(kr, c, kPfBN);
+    cp_async16_zfill(dst + so, ok ? kc + src : kc, ok ? 16 : 0);
+    cp_async16_zfill(dst + kPfTileBytes + so, ok ? vc + src : vc, ok ? 16 : 0);
+  }
+}
+
+// Row limits of warp w's 16 MT rows (row rr sees keys < lim_s[rr] = min(its
+// position + 1, k_end)) and the warp's smallest and largest in wlim_s[2w],
+// [2w + 1] (shared memory: registers are short in the key loop). Thread rows:
+// (mt, h) -> row 16 MT w + 16 mt + 8 h + g.
+template <int MT>
+__device__ __forceinline__ void pf_row_limits(const PrefillAttnArgs& a, const PrefillItem& it, int G, int w,
+                                              int* lim_s, int* wlim_s) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  int wlo = INT_MAX, whi = 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = w * 16 * MT + mt * 16 + h * 8 + g;
+      const int f = it.row0 + min(rr, it.n_rows - 1);
+      const int pos = a.positions[it.q_begin + f / G];
+      const int lim = min(pos + 1, it.k_end);
+      if (t == 0) lim_s[rr] = lim;
+      wlo = min(wlo, lim);
+      whi = max(whi, lim);
+    }
+  }
+  wlo = __reduce_min_sync(0xffffffffu, wlo);
+  whi = __reduce_max_sync(0xffffffffu, whi);
+  if (lane == 0) {
+    wlim_s[2 * w] = wlo;
+    wlim_s[2 * w + 1] = whi;
+  }
+}
+
 // The output row of the item's row rr.
 __device__ __forceinline__ float* pf_out_row(const PrefillAttnArgs& a, const PrefillItem& ie, int kvh, int G,
                                              int rr) {
@@ -1302,8 +1366,6 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
   constexpr int NT = NW * 32;
   constexpr int ROWS = 16 * MT * NW;            // rows per CTA
   constexpr int WROWS = 16 * MT;                // rows per warp
-  constexpr int LD_ITERS = kPfBN * 16 / NT;     // 16-byte chunks per thread per tile (K; V the same)
-  static_assert(LD_ITERS * NT == kPfBN * 16 && NT % 16 == 0, "tile copy split");
   extern __shared__ __align__(1024) unsigned char pf_smem[];
 
   const PrefillItem it = a.items[blockIdx.x];
@@ -1330,34 +1392,11 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
   int* wlim_s = lim_s + ROWS;  // [NW][2]: a warp's smallest and largest lim
   int* flag_s = wlim_s + 2 * NW;
 
-  // Cache offset, in 16-key groups of 128 dims (2048 elements), of group
-  // `lane` (lanes 0..3) of tile j, i.e. of keys k_begin + 64j + 16 lane ..
-  // (0 past k_end: never read). Loaded one tile ahead of its use.
-  auto tile_groups = [&](int j) -> int {
-    const int key = k_begin + kPfBN * j + 16 * lane;
-    if (lane >= 4 || key >= k_end) return 0;
-    const int pg = key / bs;
-    const int off = key - pg * bs;
-    return (int)(((int64_t)bt[pg] * n_kv + kvh) * (bs >> 4) + (off >> 4));
-  };
-
-  // Copies tile j (keys k_begin + 64j ..) into stage `stage`: thread copies
-  // 16-byte chunk (tid & 15) of keys (tid >> 4) + (NT/16) i of K and of V;
-  // keys >= k_end are zero-filled (and masked). gj: tile_groups(j).
+  // A tile's cache groups (pf_tile_group), loaded one tile ahead of its use.
+  auto tile_groups = [&](int j) { return pf_tile_group(bt, k_begin, k_end, bs, n_kv, kvh, j, lane); };
+  // Tile j into stage `stage`; gj: tile_groups(j).
   auto issue = [&](int j, int stage, int gj) {
-    const int key0 = k_begin + kPfBN * j;
-    const uint32_t dst = kv_s + stage * kPfStageBytes;
-    const int c = tid & 15;
-#pragma unroll
-    for (int i = 0; i < LD_ITERS; ++i) {
-      const int kr = (tid >> 4) + (NT / 16) * i;  // key within the tile
-      const int grp = __shfl_sync(0xffffffffu, gj, kr >> 4);
-      const bool ok = key0 + kr < k_end;
-      const int64_t src = (int64_t)grp * (16 * kPfD) + (kr & 15) * kPfD + c * 8;
-      const uint32_t so = pf_chunk_off<WG>(kr, c, kPfBN);
-      cp_async16_zfill(dst + so, ok ? kc + src : kc, ok ? 16 : 0);
-      cp_async16_zfill(dst + kPfTileBytes + so, ok ? vc + src : vc, ok ? 16 : 0);
-    }
+    pf_copy_tile<NT, WG>(kc, vc, k_begin + kPfBN * j, k_end, kv_s + stage * kPfStageBytes, gj, tid);
   };
 
 #pragma unroll
@@ -1369,31 +1408,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
 
   pf_load_q<ROWS, WG>(a, it, kvh, G, q_s, tid, NT);
 
-  // Row limits: row rr sees keys < lim_s[rr] = min(position + 1, k_end); wlim_s:
-  // the warp's smallest and largest (shared memory: registers are short in the
-  // key loop). Thread rows: (mt, h) -> warp row 16mt + 8h + g.
-  {
-  int wlo = INT_MAX, whi = 0;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rr = warp * WROWS + mt * 16 + h * 8 + g;
-      const int f = it.row0 + min(rr, it.n_rows - 1);
-      const int pos = a.positions[it.q_begin + f / G];
-      const int lim = min(pos + 1, k_end);
-      if (t == 0) lim_s[rr] = lim;
-      wlo = min(wlo, lim);
-      whi = max(whi, lim);
-    }
-  }
-  wlo = __reduce_min_sync(0xffffffffu, wlo);
-  whi = __reduce_max_sync(0xffffffffu, whi);
-  if (lane == 0) {
-    wlim_s[2 * warp] = wlo;
-    wlim_s[2 * warp + 1] = whi;
-  }
-  }
+  pf_row_limits<MT>(a, it, G, warp, lim_s, wlim_s);
 
   // ldmatrix lane addresses. Q (A, no trans): matrix mi = lane/8 is rows
   // 8*(mi&1).., chunk 2kk + mi/2 -> a0..a3. K (B, no trans): matrix mi is keys
@@ -1615,7 +1630,6 @@ template <int S>
 __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs a) {
 #if defined(GLMK_HAS_WGMMA)
   constexpr int ROWS = 128, NT = 384, PT = 128;  // rows, threads, producer threads
-  constexpr int LD_ITERS = kPfBN * 16 / PT;      // 16-byte chunks per producer thread per tile (K; V the same)
   extern __shared__ __align__(1024) unsigned char pf_smem[];
 
   const PrefillItem it = a.items[blockIdx.x];
@@ -1647,27 +1661,7 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
   }
 
   pf_load_q<ROWS, true>(a, it, kvh, G, q_s, tid, NT);  // by every thread
-  // Row limits (consumer warps: cw = warp - 4 owns rows 16 cw ..).
-  if (wg > 0) {
-    const int cw = warp - 4;
-    int wlo = INT_MAX, whi = 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int rr = cw * 16 + h * 8 + g;
-      const int f = it.row0 + min(rr, it.n_rows - 1);
-      const int pos = a.positions[it.q_begin + f / G];
-      const int lim = min(pos + 1, k_end);
-      if (t == 0) lim_s[rr] = lim;
-      wlo = min(wlo, lim);
-      whi = max(whi, lim);
-    }
-    wlo = __reduce_min_sync(0xffffffffu, wlo);
-    whi = __reduce_max_sync(0xffffffffu, whi);
-    if (lane == 0) {
-      wlim_s[2 * cw] = wlo;
-      wlim_s[2 * cw + 1] = whi;
-    }
-  }
+  if (wg > 0) pf_row_limits<1>(a, it, G, warp - 4, lim_s, wlim_s);  // consumer warp cw = warp - 4: rows 16 cw ..
   fence_proxy_async();  // Q is read by the tensor cores
   __syncthreads();
 
@@ -1675,33 +1669,14 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
   float m_r[2], l_r[2];
   if (wg == 0) {
     // ---- producer: tile j into stage j % S once every consumer warp freed it.
-    auto tile_groups = [&](int j) -> int {
-      const int key = k_begin + kPfBN * j + 16 * lane;
-      if (lane >= 4 || key >= k_end) return 0;
-      const int pg = key / bs;
-      const int off = key - pg * bs;
-      const int* bt = a.block_tables + a.seq_bt_offset[it.seq];
-      return (int)(((int64_t)bt[pg] * n_kv + kvh) * (bs >> 4) + (off >> 4));
-    };
-    const __nv_bfloat16* kc = a.k_cache;
-    const __nv_bfloat16* vc = a.v_cache;
+    const int* bt = a.block_tables + a.seq_bt_offset[it.seq];
+    auto tile_groups = [&](int j) { return pf_tile_group(bt, k_begin, k_end, bs, n_kv, kvh, j, lane); };
     int gj = tile_groups(0);
     for (int j = 0; j < n_tiles; ++j) {
       const int stage = j % S;
       mbar_wait(bar_empty + 8 * stage, ((j / S) & 1) ^ 1);
-      const int key0 = k_begin + kPfBN * j;
-      const uint32_t dst = kv_s + stage * kPfStageBytes;
-      const int c = tid & 15;
-#pragma unroll
-      for (int i = 0; i < LD_ITERS; ++i) {
-        const int kr = (tid >> 4) + (PT / 16) * i;  // key within the tile
-        const int grp = __shfl_sync(0xffffffffu, gj, kr >> 4);
-        const bool ok = key0 + kr < k_end;
-        const int64_t src = (int64_t)grp * (16 * kPfD) + (kr & 15) * kPfD + c * 8;
-        const uint32_t so = pf_chunk_off<true>(kr, c, kPfBN);
-        cp_async16_zfill(dst + so, ok ? kc + src : kc, ok ? 16 : 0);
-        cp_async16_zfill(dst + kPfTileBytes + so, ok ? vc + src : vc, ok ? 16 : 0);
-      }
+      pf_copy_tile<PT, true>(a.k_cache, a.v_cache, k_begin + kPfBN * j, k_end, kv_s + stage * kPfStageBytes, gj,
+                             tid);
       cp_async_mbar_arrive(bar_full + 8 * stage);
       if (j + 1 < n_tiles) gj = tile_groups(j + 1);
     }
