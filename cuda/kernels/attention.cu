@@ -1158,7 +1158,8 @@ static_assert(kPrefillMaxRows == 128, "workspace slots sized for 128-row items")
 // 0.918; 8 prompts of 1k 128 rows 0.115, 64 rows 0.135; 3 stages slower at
 // 128 rows (shared memory halves the CTAs per SM), equal at 64.
 struct PfTuning {
-  int kernel = 0;             // 0: the wgmma kernel on sm_90, else mma.sync; 1: mma.sync; 2: wgmma
+  int kernel = 0;             // 0: on sm_90 the warp-specialized kernel for 128-row items and the wgmma one
+                              // for 64-row items, else mma.sync; 1: mma.sync; 2: wgmma; 3: as 0 on sm_90
   int rows = 0;               // rows per item: 128 (mma.sync: 4 warps x 32 rows; wgmma: 2 warpgroups
                               // x 64), 64 (4 warps x 16 rows; 1 warpgroup), 0: chosen per step
   int stages = 2;             // K/V ring depth of the mma.sync and wgmma kernels: 2 or 3 (smem 96 / 128 KB per
@@ -1809,9 +1810,9 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
       rescale(al, sum);
       pack_p();
     };
-    int j = 0;
-    for (; j + 1 < n_full; ++j) step(unmasked, j);
-    for (; j + 1 < n_eff; ++j) step(masked, j);
+    int jt = 0;
+    for (; jt + 1 < n_full; ++jt) step(unmasked, jt);
+    for (; jt + 1 < n_eff; ++jt) step(masked, jt);
     if (n_eff > 0) {
       wgmma_fence();
       issue_pv(n_eff - 1);

@@ -39,7 +39,7 @@ namespace glmk {
 struct PrefillAttnTuning {
   int rows, stages, min_split_tiles;
   float split_frac;
-  int kernel;            // 0 auto (wgmma on sm_90), 1 mma.sync, 2 wgmma
+  int kernel;            // 0 auto (sm_90: warp-specialized at 128 rows, wgmma at 64), 1 mma.sync, 2 wgmma, 3 as 0
   float underfill_frac;  // the planner's harder split for few items (0: off; the knob sets here leave it off)
 };
 void prefill_attention_get_tuning(PrefillAttnTuning* t);
