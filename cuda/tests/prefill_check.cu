@@ -422,7 +422,7 @@ static BenchOut bench_one(const BenchShape& b, bool with_old) {
   const int reps = fl > 2e11 ? 5 : 20;
   const double ms = median_ms(reps, 0, [&](int) { CK(attention_prefill(a, 0)); });
   BenchOut r{ms, fl / (ms * 1e-3) / 1e12, NAN, NAN, {NAN, NAN}, NAN, D.plan.n_items, D.plan.n_parts};
-  if (g_major == 9) {  // the mma.sync kernel on the same plan (the default there is the wgmma one)
+  if (g_major == 9) {  // the other kernels on the same plan (the default there: ws at 128 rows, wgmma at 64)
     PrefillAttnTuning t, keep;
     prefill_attention_get_tuning(&keep);
     t = keep;
@@ -479,7 +479,8 @@ static BenchOut bench_one(const BenchShape& b, bool with_old) {
 
 static void bench(const char* json) {
   printf("\nattention_prefill bench: 12 q heads / 1 KV head, dim 128, block 16 (GLM-4.7 at TP8)\n");
-  printf("ms: the default kernel (wgmma on sm_90); mma_ms: the mma.sync kernel, same plan; old_ms: FP32 cores\n");
+  printf("ms: the default kernel (sm_90: warp-specialized at 128 rows, wgmma at 64); mma_ms: the mma.sync kernel, "
+         "same plan; old_ms: FP32 cores; wg / ws: the wgmma and warp-specialized kernels, same plan\n");
   printf("%-22s %10s %8s %10s %8s %10s %8s %7s %6s\n", "shape", "ms", "TFLOP/s", "mma_ms", "TFLOP/s", "old_ms",
          "speedup", "items", "parts");
   FILE* jf = json ? fopen(json, "w") : nullptr;
@@ -523,9 +524,9 @@ static void sweep() {
   for (int rows : {0, 128, 64})  // 0: the planner's choice
     for (int st : {2, 3})
       for (float frac : {0.f, 0.5f, 1.0f, 2.0f}) {
-        PrefillAttnTuning t{rows, st, 4, frac, 0};
+        PrefillAttnTuning t{rows, st, 8, frac, 0};  // (8: the planner's min_split_tiles)
         prefill_attention_set_tuning(&t);
-        printf("%-26s", fmt("%d %d %d %.1f", rows, st, 4, frac).c_str());
+        printf("%-26s", fmt("%d %d %d %.1f", rows, st, 8, frac).c_str());
         for (auto& s : shapes) printf(" %19.4f", bench_one(s, false).ms);
         printf("\n");
         fflush(stdout);
