@@ -1961,17 +1961,14 @@ bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, in
       }
     }
     // With the warp-specialized kernel (sm_90; one CTA an SM) 128-row items
-    // win down to fewer of them.
-#if !defined(GLMK_PF_WS_ROWS64_ITEMS)
-#define GLMK_PF_WS_ROWS64_ITEMS 1.0
-#endif
+    // win down to one item an SM.
     int dev = 0;
     DeviceInfo di;
     const cudaError_t de = device_info(dev, di);
     if (de != cudaSuccess) (void)cudaGetLastError();  // not left for the caller: the old rule then
     const bool ws = (tu.kernel == 0 || tu.kernel == 3) && de == cudaSuccess && di.major == 9;
-    const double f = ws ? GLMK_PF_WS_ROWS64_ITEMS : 4.0;
-    R = ((double)n128 * n_kv_heads < f * num_sms && tiles128 < 64 * n128) ? 64 : 128;
+    const long long per_sm = ws ? 1 : 4;  // 128-row items an SM below which items are 64 rows
+    R = (n128 * n_kv_heads < per_sm * num_sms && tiles128 < 64 * n128) ? 64 : 128;
   }
   plan->rows = R;
   struct Blk {
@@ -2071,15 +2068,10 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
   const int kernel = g_pf_tuning.kernel;
   if (kernel == 2 && di.major != 9) return cudaErrorInvalidValue;  // wgmma: sm_90 only
   if (kernel == 3 && di.major != 9) return cudaErrorInvalidValue;
-  // 128-row items on sm_90: the warp-specialized kernel, in GLMK_PF_WS_STAGES
-  // stages unless the hook asks for 3 or 4.
-#if !defined(GLMK_PF_WS_STAGES)
-#define GLMK_PF_WS_STAGES 3
-#endif
-  if ((kernel == 3 || (kernel == 0 && di.major == 9)) && a.rows == 128) {
-    const int ws = g_pf_tuning.stages >= 3 ? g_pf_tuning.stages : GLMK_PF_WS_STAGES;
-    return ws == 4 ? pf_ws_launch<4>(a, st) : pf_ws_launch<3>(a, st);
-  }
+  // 128-row items on sm_90: the warp-specialized kernel, in 3 stages unless
+  // the hook asks for 4 (H200: 3 is faster, docs/perf.md 2026-11-29).
+  if ((kernel == 3 || (kernel == 0 && di.major == 9)) && a.rows == 128)
+    return g_pf_tuning.stages == 4 ? pf_ws_launch<4>(a, st) : pf_ws_launch<3>(a, st);
   if (kernel >= 2 || (kernel == 0 && di.major == 9)) {
     // Two warpgroups for 128-row items, one for 64-row ones.
     if (a.rows == 128) return stages == 3 ? pf_launch<1, 8, 3, true>(a, st) : pf_launch<1, 8, 2, true>(a, st);
