@@ -40,8 +40,9 @@
 #            to first token of those prompts); a table per library last
 #   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes, every
 #            backend: flash, efficient, cuDNN); the
-#            grouped expert GEMM bench next to torch._scaled_mm (PREFILL_BENCH=0 skips
-#            both); time to first token of 2k, 8k and 32k prompts with a profile; an 8k
+#            grouped expert GEMM bench next to torch._scaled_mm; the peer kernels' sum for
+#            whole 2k / 8k / 32k prompts (scripts/peer_prefill_sum.py; PREFILL_BENCH=0 skips
+#            these); time to first token of 2k, 8k and 32k prompts with a profile; an 8k
 #            prompt arriving among 16 decoding streams (--arrival-len) (issue 12)
 #
 #   scripts/gpu-perf.sh [stage ...]     (default: all stages)
@@ -114,12 +115,16 @@ if want check; then
     else fail "greedy graphs on/off $m FAIL: $res"; fi
   done
   # The long-context golden (3,000 tokens, numpy float64 reference): exact on the
-  # validation path; the FP8 path is reported, not asserted (its routing over
-  # thousands of tokens is not screened for FP8-fragile decisions).
+  # validation path, the prompt in one step (the runtime's 8,192-token limit) and
+  # in chunks of 1,024 (chunked prefill over the paged cache); the FP8 path is
+  # reported, not asserted (its routing over thousands of tokens is not screened
+  # for FP8-fragile decisions).
   lg=testdata/models/tiny-f32.long.golden.json
-  if timeout "$T" "$G" validate --backend cuda --cuda-exact --model testdata/models/tiny-f32 --golden $lg >"$LOG/validate-long-exact.txt" 2>&1; then
-    note "validate long exact   ok ($(grep -m1 -io 'worst.*' "$LOG/validate-long-exact.txt" | head -c 80))"
-  else fail "validate long exact   FAIL"; tail -8 "$LOG/validate-long-exact.txt"; fi
+  for chunk in 0 1024; do
+    if timeout "$T" "$G" validate --backend cuda --cuda-exact --max-batched-tokens $chunk --model testdata/models/tiny-f32 --golden $lg >"$LOG/validate-long-exact-$chunk.txt" 2>&1; then
+      note "validate long exact   ok, chunks ${chunk/#0/whole} ($(grep -m1 -io 'worst.*' "$LOG/validate-long-exact-$chunk.txt" | head -c 80))"
+    else fail "validate long exact   FAIL, chunks ${chunk/#0/whole}"; tail -8 "$LOG/validate-long-exact-$chunk.txt"; fi
+  done
   timeout "$T" "$G" validate --backend cuda --model testdata/models/tiny-f32 --golden $lg >"$LOG/validate-long-fp8.txt" 2>&1
   note "validate long fp8     exit $? (informational: $(grep -m1 -io 'relative L2 [0-9.e+-]*' "$LOG/validate-long-fp8.txt"))"
   if [[ -x bin/cuda.test ]]; then
@@ -352,9 +357,11 @@ if want prefill; then
     timeout "$T" "$PRE/prefill_check" --bench-only >"$LOG/prefill-bench.txt" 2>&1 || fail "prefill_check --bench FAIL"
     # Every SDPA backend: cuDNN's is the fastest on Hopper (1.7-1.9x flash's at 8k-32k).
     timeout "$T" python3 scripts/peer_prefill.py --all-backends >"$LOG/prefill-sdpa.txt" 2>&1 || fail "peer_prefill.py FAIL"
+    # Issue 12's peer sum for whole prompts (SDPA + torch._scaled_mm, 92 layers).
+    timeout "$T" python3 scripts/peer_prefill_sum.py >"$LOG/prefill-peer-sum.txt" 2>&1 || fail "peer_prefill_sum.py FAIL"
     timeout "$T" "$PRE/grouped_check" --bench-only >"$LOG/grouped-bench.txt" 2>&1 || fail "grouped_check --bench FAIL"
     timeout "$T" python3 scripts/peer_grouped_gemm.py >"$LOG/grouped-peer.txt" 2>&1 || fail "peer_grouped_gemm.py FAIL"
-    cp "$LOG/prefill-bench.txt" "$LOG/prefill-sdpa.txt" "$LOG/grouped-bench.txt" "$LOG/grouped-peer.txt" "$FINAL/" 2>/dev/null
+    cp "$LOG/prefill-bench.txt" "$LOG/prefill-sdpa.txt" "$LOG/prefill-peer-sum.txt" "$LOG/grouped-bench.txt" "$LOG/grouped-peer.txt" "$FINAL/" 2>/dev/null
   fi
   for n in 2048 8192 32768; do
     if timeout "$T" "$G" bench "${SYN[@]}" --concurrency 1 --input-len $n --output-len 2 --requests 3 --warmup 1 \
@@ -364,7 +371,8 @@ if want prefill; then
     cp "$LOG/ttft-$n.md" "$FINAL/" 2>/dev/null
   done
   # An 8k prompt arriving while 16 streams decode (chunked prefill mixed with
-  # decode under the 2,048-token step budget): its TTFT and the streams' ITL.
+  # decode: at most 2,048 prefill tokens in a step that decodes, the engine's
+  # --max-prefill-with-decode): its TTFT and the streams' ITL.
   if timeout "$T" "$G" bench "${SYN[@]}" --concurrency 16 --input-len 1024 --output-len 512 --requests 16 --warmup 0 \
        --arrival-len 8192 --markdown >"$LOG/arrival.md" 2>"$LOG/arrival.err"; then
     note "bench arrival 8k      ok ($(grep -m1 -o 'TTFT [0-9.]* ms' "$LOG/arrival.md"))"

@@ -60,6 +60,7 @@ and failures by kind. --model is then the served model's name. See docs/bench.md
 	addSyntheticFlags(f)
 	f.Int("max-seqs", 0, "most sequences running at once (0 = engine default); must be >= every --concurrency")
 	f.Int("max-batched-tokens", 0, "token budget of one engine step (0 = engine default)")
+	f.Int("max-prefill-with-decode", 0, fmt.Sprintf("most prefill tokens in a step that also decodes, so running streams keep short inter-token gaps (0 = engine default %d)", engine.DefaultMaxPrefillWithDecode))
 	f.Bool("prefix-caching", false, "share KV blocks of common prompt prefixes (off: benchmarks measure compute, and random prompts share nothing)")
 	f.String("concurrency", "1,4,16", "comma-separated requests in flight, one run per value")
 	f.Int("input-len", 128, "prompt tokens per request")
@@ -277,12 +278,13 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 		return err
 	}
 	ecfg := engine.Config{
-		MaxBatchedTokens: v.GetInt("max-batched-tokens"),
-		MaxSeqs:          v.GetInt("max-seqs"),
-		PrefixCaching:    v.GetBool("prefix-caching"),
-		Logger:           a.log,
-		DraftTokens:      drafts,
-		DraftMaxBatch:    draftBatch,
+		MaxBatchedTokens:     v.GetInt("max-batched-tokens"),
+		MaxPrefillWithDecode: v.GetInt("max-prefill-with-decode"),
+		MaxSeqs:              v.GetInt("max-seqs"),
+		PrefixCaching:        v.GetBool("prefix-caching"),
+		Logger:               a.log,
+		DraftTokens:          drafts,
+		DraftMaxBatch:        draftBatch,
 	}
 	eng, stopEngine, err := engine.Start(ctx, be, ecfg)
 	if err != nil {
@@ -298,8 +300,8 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	rep := &bench.Report{Header: bench.Header{
 		Model: src.label, ModelSummary: modelSummary(cfg), Backend: info.Name, Device: info.Device,
 		Date: time.Now().UTC().Format(time.RFC3339), CommandLine: cmdLine,
-		EngineConfig: fmt.Sprintf("max %d seqs, %d tokens per step, KV %d blocks × %d tokens, prefix caching %s",
-			lim.MaxSeqs, lim.MaxBatchedTokens, lim.NumKVBlocks, lim.BlockSize, onOff(ecfg.PrefixCaching)),
+		EngineConfig: fmt.Sprintf("max %d seqs, %d tokens per step (%d prefill tokens in a step that decodes), KV %d blocks × %d tokens, prefix caching %s",
+			lim.MaxSeqs, lim.MaxBatchedTokens, lim.MaxPrefillWithDecode, lim.NumKVBlocks, lim.BlockSize, onOff(ecfg.PrefixCaching)),
 		Sampling:  sampling,
 		GoVersion: runtime.Version(),
 		Floor: &bench.Basis{Label: fmt.Sprintf("TP%d/EP%d", floorModel.Options.TP, floorModel.Options.EP),

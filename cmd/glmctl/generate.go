@@ -60,6 +60,7 @@ such a model has no tokenizer: give --prompt-ids, and the output is token ids.`,
 	f.Bool("ignore-eos", false, "do not stop at the model's end-of-sequence tokens")
 	f.Bool("json", false, "print one JSON object (text, token ids, usage, timings) instead of streaming")
 	f.Int("max-batched-tokens", engine.DefaultMaxBatchedTokens, "per-step token budget (prefill chunk size)")
+	f.Int("max-prefill-with-decode", 0, fmt.Sprintf("most prefill tokens in a step that also decodes, so running streams keep short inter-token gaps (0 = engine default %d)", engine.DefaultMaxPrefillWithDecode))
 	return cmd
 }
 
@@ -337,6 +338,7 @@ func (a *app) runGenerate(ctx context.Context, prompt string) error {
 	defer be.Close()
 	cfg := engine.DefaultConfig()
 	cfg.MaxBatchedTokens = v.GetInt("max-batched-tokens")
+	cfg.MaxPrefillWithDecode = v.GetInt("max-prefill-with-decode")
 	if cfg.DraftTokens, cfg.DraftMaxBatch, err = a.speculative(); err != nil {
 		return err
 	}

@@ -46,6 +46,7 @@ other error.`,
 	f.Float64("tolerance", 0, "max relative L2 error of the last logits (0 = the default for the path)")
 	f.Float64("margin-threshold", -1, "reference margin above which a token mismatch fails (-1 = the default for the path)")
 	f.Bool("json", false, "print the reports as JSON")
+	f.Int("max-batched-tokens", 0, "prefill a golden prompt in chunks of at most this many tokens (0 = the backend's step limit; cuda: also its max_tokens_per_step)")
 	return cmd
 }
 
@@ -86,6 +87,9 @@ func (a *app) runValidate(cmd *cobra.Command) error {
 	marginOverride := v.GetFloat64("margin-threshold")
 	if marginOverride != -1 && !(marginOverride >= 0) {
 		return fmt.Errorf("--margin-threshold: %v must be >= 0", marginOverride)
+	}
+	if n := v.GetInt("max-batched-tokens"); n < 0 {
+		return fmt.Errorf("--max-batched-tokens: %d must be >= 0 (0 = the backend's step limit)", n)
 	}
 	files := v.GetStringSlice("golden")
 	defaults := len(files) == 0
@@ -151,7 +155,7 @@ func (a *app) runValidate(cmd *cobra.Command) error {
 	}
 	bar := a.progress("validate cases", int64(cases), false)
 	for i, g := range goldens {
-		rep, err := golden.Compare(cmd.Context(), be, g, golden.Options{Tolerances: tols[i], ModelName: modelName(dir),
+		rep, err := golden.Compare(cmd.Context(), be, g, golden.Options{Tolerances: tols[i], ModelName: modelName(dir), ChunkTokens: v.GetInt("max-batched-tokens"),
 			OnCase: func(int, int) { bar.Add(1) }})
 		if err != nil {
 			errs = append(errs, err)

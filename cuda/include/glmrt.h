@@ -87,7 +87,7 @@ typedef struct glmrt_engine_options {
   int32_t num_kv_blocks;       /* >0: exactly this many blocks; 0: as many as the budget allows */
   int64_t memory_budget_bytes; /* per GPU, everything the engine allocates (weights, workspaces,
                                   KV); 0 -> free device memory at create minus 1 GiB */
-  int32_t max_tokens_per_step; /* most new tokens in one step (0 -> 2048) */
+  int32_t max_tokens_per_step; /* most new tokens in one step (0 -> 8192) */
   int32_t max_seqs_per_step;   /* most sequences in one step (0 -> 256) */
   int32_t max_penalty_entries; /* most penalty entries in one step (0 -> max_seqs * 4096) */
   int32_t exact_activations;   /* 0: per-token dynamic FP8 activations, FP8 tensor-core GEMMs

@@ -107,7 +107,7 @@ int check_config(Engine& e) {
       e.block_size);
   REQ(o.num_kv_blocks >= 0, "options: num_kv_blocks %d must be >= 0", o.num_kv_blocks);
   REQ(o.memory_budget_bytes >= 0, "options: memory_budget_bytes must be >= 0");
-  e.max_tokens = o.max_tokens_per_step == 0 ? 2048 : o.max_tokens_per_step;
+  e.max_tokens = o.max_tokens_per_step == 0 ? 8192 : o.max_tokens_per_step;
   REQ(e.max_tokens >= 1 && e.max_tokens <= 65536,
       "options: max_tokens_per_step %d must be in 1..65536", e.max_tokens);
   e.max_seqs = o.max_seqs_per_step == 0 ? std::min(256, e.max_tokens) : o.max_seqs_per_step;

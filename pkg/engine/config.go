@@ -7,16 +7,33 @@ import (
 
 // Defaults applied by New to zero fields of Config.
 const (
-	DefaultMaxBatchedTokens = 2048
-	DefaultMaxSeqs          = 256
+	// DefaultMaxBatchedTokens is vLLM's default for GPUs of 70 GiB and more:
+	// a prefill chunk of 8,192 tokens reads every weight once for 8,192
+	// tokens instead of four times (an 8k prompt's TTFT on the GLM-4.7 rank
+	// share 240 -> 191 ms against 2,048, docs/perf.md 2026-11-29 thirteenth
+	// session). It is also capped by the backend's BackendInfo.MaxStepTokens.
+	DefaultMaxBatchedTokens = 8192
+	// DefaultMaxPrefillWithDecode keeps a step that also decodes short:
+	// running streams wait for at most 2,048 prefill tokens a step (a long
+	// prompt's full-budget chunk would hold their next token ~190 ms there).
+	DefaultMaxPrefillWithDecode = 2048
+	DefaultMaxSeqs              = 256
 )
 
 // Config holds the engine's knobs. Zero values take the defaults noted on
 // each field; DefaultConfig returns the recommended settings.
 type Config struct {
 	// MaxBatchedTokens is the per-step token budget (--max-batched-tokens):
-	// decode tokens plus prefill chunk tokens. 0 = DefaultMaxBatchedTokens.
+	// decode tokens plus prefill chunk tokens. 0 = DefaultMaxBatchedTokens,
+	// or the backend's MaxStepTokens when that is smaller.
 	MaxBatchedTokens int
+	// MaxPrefillWithDecode caps the prefill tokens of a step in which some
+	// sequence decodes (--max-prefill-with-decode), so a long prompt arriving
+	// among running streams is prefilled in chunks that keep their
+	// inter-token gaps short; a step without decodes prefills up to the
+	// whole budget. 0 = DefaultMaxPrefillWithDecode; at or above the budget
+	// it has no effect.
+	MaxPrefillWithDecode int
 	// MaxSeqs caps the sequences in one step (--max-seqs), and so the
 	// running set. 0 = DefaultMaxSeqs. Also capped by BackendInfo.MaxBatchSeqs.
 	MaxSeqs int
@@ -63,9 +80,10 @@ const DefaultDraftMaxBatch = 128
 // caching on.
 func DefaultConfig() Config {
 	return Config{
-		MaxBatchedTokens: DefaultMaxBatchedTokens,
-		MaxSeqs:          DefaultMaxSeqs,
-		PrefixCaching:    true,
+		MaxBatchedTokens:     DefaultMaxBatchedTokens,
+		MaxPrefillWithDecode: DefaultMaxPrefillWithDecode,
+		MaxSeqs:              DefaultMaxSeqs,
+		PrefixCaching:        true,
 	}
 }
 
@@ -75,7 +93,10 @@ type Limits struct {
 	BlockSize        int // tokens per KV block
 	NumKVBlocks      int // blocks the engine manages
 	MaxBatchedTokens int
-	MaxSeqs          int
+	// MaxPrefillWithDecode: the most prefill tokens in a step that also
+	// decodes (Config.MaxPrefillWithDecode), at most MaxBatchedTokens.
+	MaxPrefillWithDecode int
+	MaxSeqs              int
 	// MaxModelLen is the most tokens (prompt + output) one sequence may hold.
 	MaxModelLen int
 	VocabSize   int
@@ -87,14 +108,15 @@ type Limits struct {
 // resolve checks cfg against the backend and fills defaults.
 func resolve(cfg Config, info BackendInfo) (Limits, error) {
 	l := Limits{
-		BlockSize:        info.KVBlockSize,
-		NumKVBlocks:      info.NumKVBlocks,
-		MaxBatchedTokens: cfg.MaxBatchedTokens,
-		MaxSeqs:          cfg.MaxSeqs,
-		MaxModelLen:      cfg.MaxModelLen,
-		VocabSize:        info.VocabSize,
-		DraftTokens:      cfg.DraftTokens,
-		DraftMaxBatch:    cfg.DraftMaxBatch,
+		BlockSize:            info.KVBlockSize,
+		NumKVBlocks:          info.NumKVBlocks,
+		MaxBatchedTokens:     cfg.MaxBatchedTokens,
+		MaxPrefillWithDecode: cfg.MaxPrefillWithDecode,
+		MaxSeqs:              cfg.MaxSeqs,
+		MaxModelLen:          cfg.MaxModelLen,
+		VocabSize:            info.VocabSize,
+		DraftTokens:          cfg.DraftTokens,
+		DraftMaxBatch:        cfg.DraftMaxBatch,
 	}
 	switch {
 	case info.KVBlockSize <= 0:
@@ -105,6 +127,10 @@ func resolve(cfg Config, info BackendInfo) (Limits, error) {
 		return l, fmt.Errorf("engine config: backend %q reports vocab size %d; it must be > 0", info.Name, info.VocabSize)
 	case cfg.MaxBatchedTokens < 0:
 		return l, fmt.Errorf("engine config: max batched tokens %d must be >= 0 (0 = default %d)", cfg.MaxBatchedTokens, DefaultMaxBatchedTokens)
+	case info.MaxStepTokens > 0 && cfg.MaxBatchedTokens > info.MaxStepTokens:
+		return l, fmt.Errorf("engine config: max batched tokens %d exceed the %s backend's limit of %d tokens a step", cfg.MaxBatchedTokens, info.Name, info.MaxStepTokens)
+	case cfg.MaxPrefillWithDecode < 0:
+		return l, fmt.Errorf("engine config: max prefill with decode %d must be >= 0 (0 = default %d)", cfg.MaxPrefillWithDecode, DefaultMaxPrefillWithDecode)
 	case cfg.MaxSeqs < 0:
 		return l, fmt.Errorf("engine config: max seqs %d must be >= 0 (0 = default %d)", cfg.MaxSeqs, DefaultMaxSeqs)
 	case cfg.MaxModelLen < 0:
@@ -133,7 +159,14 @@ func resolve(cfg Config, info BackendInfo) (Limits, error) {
 	}
 	if l.MaxBatchedTokens == 0 {
 		l.MaxBatchedTokens = DefaultMaxBatchedTokens
+		if info.MaxStepTokens > 0 {
+			l.MaxBatchedTokens = min(l.MaxBatchedTokens, info.MaxStepTokens)
+		}
 	}
+	if l.MaxPrefillWithDecode == 0 {
+		l.MaxPrefillWithDecode = DefaultMaxPrefillWithDecode
+	}
+	l.MaxPrefillWithDecode = min(l.MaxPrefillWithDecode, l.MaxBatchedTokens)
 	if l.MaxSeqs == 0 {
 		l.MaxSeqs = DefaultMaxSeqs
 	}

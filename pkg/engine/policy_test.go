@@ -86,6 +86,36 @@ func TestDecodesFirstThenPrefill(t *testing.T) {
 	}
 }
 
+// While a sequence decodes, a step's prefill tokens stay within
+// MaxPrefillWithDecode; once nothing decodes, a chunk takes the whole budget.
+func TestPrefillCappedWhileDecoding(t *testing.T) {
+	f := newFake(4, 64)
+	e := newEngine(t, f, Config{MaxBatchedTokens: 16, MaxPrefillWithDecode: 4})
+	a := mustSubmit(t, e, &Request{PromptTokens: seqTokens(0, 4), MaxTokens: 5})
+	b := mustSubmit(t, e, &Request{PromptTokens: seqTokens(10, 40), MaxTokens: 2})
+	startEngine(t, e, f)
+	collect(t, a)
+	collect(t, b)
+	want := [][]stepShape{
+		{{1, 0, 4, true}, {2, 0, 12, false}}, // nothing decodes yet: the whole budget
+		{{1, 4, 1, true}, {2, 12, 4, false}},
+		{{1, 5, 1, true}, {2, 16, 4, false}},
+		{{1, 6, 1, true}, {2, 20, 4, false}},
+		{{1, 7, 1, true}, {2, 24, 4, false}},
+		{{2, 28, 12, true}}, // A finished: B's last chunk takes the budget again
+		{{2, 40, 1, true}},
+	}
+	got := f.recorded()
+	if len(got) != len(want) {
+		t.Fatalf("%d steps, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		if g := shapes(got[i]); !slices.Equal(g, want[i]) {
+			t.Fatalf("step %d: %+v, want %+v", i+1, g, want[i])
+		}
+	}
+}
+
 func TestFCFSHeadBlocksLaterRequests(t *testing.T) {
 	// 8 blocks of 4 tokens. A holds 4-5 blocks; B needs 5 and must wait; C
 	// needs 1 and would fit, but may not overtake B.
@@ -262,6 +292,8 @@ func TestConfigErrors(t *testing.T) {
 		{"model len", BackendInfo{VocabSize: 10, KVBlockSize: 4, NumKVBlocks: 4, MaxContext: 100}, Config{MaxModelLen: 101}, "exceeds the backend's max context 100"},
 		{"eos", BackendInfo{VocabSize: 10, KVBlockSize: 4, NumKVBlocks: 4}, Config{EOSTokenIDs: []int32{10}}, "EOS token id 10"},
 		{"budget", BackendInfo{VocabSize: 10, KVBlockSize: 4, NumKVBlocks: 4}, Config{MaxBatchedTokens: -1}, "max batched tokens -1"},
+		{"budget over the backend's", BackendInfo{Name: "gpu", VocabSize: 10, KVBlockSize: 4, NumKVBlocks: 4, MaxStepTokens: 2048}, Config{MaxBatchedTokens: 4096}, "max batched tokens 4096 exceed the gpu backend's limit of 2048"},
+		{"prefill with decode", BackendInfo{VocabSize: 10, KVBlockSize: 4, NumKVBlocks: 4}, Config{MaxPrefillWithDecode: -2}, "max prefill with decode -2"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -274,9 +306,17 @@ func TestConfigErrors(t *testing.T) {
 	}
 	f := &fakeBackend{info: BackendInfo{VocabSize: 10, KVBlockSize: 16, NumKVBlocks: 100, MaxContext: 4096, MaxBatchSeqs: 8}}
 	e := newEngine(t, f, Config{NumKVBlocks: 10})
-	want := Limits{BlockSize: 16, NumKVBlocks: 10, MaxBatchedTokens: DefaultMaxBatchedTokens, MaxSeqs: 8, MaxModelLen: 160, VocabSize: 10}
+	want := Limits{BlockSize: 16, NumKVBlocks: 10, MaxBatchedTokens: DefaultMaxBatchedTokens, MaxPrefillWithDecode: DefaultMaxPrefillWithDecode,
+		MaxSeqs: 8, MaxModelLen: 160, VocabSize: 10}
 	if got := e.Limits(); got != want {
 		t.Fatalf("limits %+v, want %+v", got, want)
+	}
+	// The default budget shrinks to the backend's step limit, and the cap
+	// for steps that decode to the budget.
+	f = &fakeBackend{info: BackendInfo{VocabSize: 10, KVBlockSize: 16, NumKVBlocks: 100, MaxContext: 4096, MaxStepTokens: 1024}}
+	e = newEngine(t, f, Config{})
+	if got := e.Limits(); got.MaxBatchedTokens != 1024 || got.MaxPrefillWithDecode != 1024 {
+		t.Fatalf("limits %+v, want a budget and a prefill-with-decode cap of 1024 (the backend's step limit)", got)
 	}
 }
 

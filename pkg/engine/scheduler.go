@@ -110,11 +110,22 @@ func (s *scheduler) idle() bool { return len(s.waiting) == 0 && len(s.running) =
 //     with their first (or only) prefill chunk while budget, the sequence cap
 //     and blocks allow; the first one that does not fit stops admission.
 //
+// While some running sequence decodes, the step's prefill tokens (chunks of
+// both kinds) also stay within MaxPrefillWithDecode, so that a long prompt
+// does not hold the decoding sequences' next tokens for a whole-budget chunk.
+//
 // The oldest running sequence can always be scheduled (a sequence alone fits
 // by construction: MaxModelLen <= KV capacity), so the loop always makes
 // progress and never deadlocks.
 func (s *scheduler) schedule() []scheduledSeq {
 	budget := s.lim.MaxBatchedTokens
+	prefillBudget := budget
+	for _, seq := range s.running {
+		if len(seq.tokens)-seq.numComputed == 1 { // decodes this step
+			prefillBudget = min(budget, s.lim.MaxPrefillWithDecode)
+			break
+		}
+	}
 	var out []scheduledSeq
 	preempted := false
 	// Speculative decoding proposes drafts only while few sequences run.
@@ -122,7 +133,11 @@ func (s *scheduler) schedule() []scheduledSeq {
 	for i := 0; i < len(s.running) && budget > 0 && len(out) < s.lim.MaxSeqs; {
 		seq := s.running[i]
 		n := min(len(seq.tokens)-seq.numComputed, budget)
-		if n <= 0 { // nothing left to compute (cannot happen: finished sequences leave running)
+		prefill := n > 1
+		if prefill {
+			n = min(n, prefillBudget)
+		}
+		if n <= 0 { // no prefill tokens left this step (or nothing to compute: cannot happen, finished sequences leave running)
 			i++
 			continue
 		}
@@ -157,17 +172,21 @@ func (s *scheduler) schedule() []scheduledSeq {
 		}
 		out = append(out, scheduledSeq{seq: seq, numTokens: n, sample: sample, drafts: drafts, propose: propose})
 		budget -= n
+		if prefill {
+			prefillBudget -= n
+		}
 		i++
 	}
 	if preempted {
 		return out
 	}
-	for len(s.waiting) > 0 && budget > 0 && len(s.running) < s.lim.MaxSeqs {
+	for len(s.waiting) > 0 && min(budget, prefillBudget) > 0 && len(s.running) < s.lim.MaxSeqs {
 		seq := s.waiting[0]
-		n, ok := s.admit(seq, budget)
+		n, ok := s.admit(seq, min(budget, prefillBudget))
 		if !ok {
 			break
 		}
+		prefillBudget -= n
 		s.waiting = s.waiting[1:]
 		seq.state = seqRunning
 		s.running = append(s.running, seq)

@@ -73,6 +73,10 @@ type Options struct {
 	// OnCase, if not nil, is called after each case with the number of
 	// cases done and the file's total (progress).
 	OnCase func(done, total int)
+	// ChunkTokens > 0 prefills a prompt in chunks of at most this many
+	// tokens (within the backend's step limit either way), so that chunked
+	// prefill is checked on a backend whose limit holds the whole prompt.
+	ChunkTokens int
 }
 
 // Mismatch is one greedy step where the backend chose another token.
@@ -176,7 +180,7 @@ func Compare(ctx context.Context, be engine.Backend, f *File, opt Options) (*Rep
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("golden %s: %w", name, err)
 		}
-		cr, err := runCase(ctx, be, info, &f.Cases[i], i, tol)
+		cr, err := runCase(ctx, be, info, &f.Cases[i], i, tol, opt.ChunkTokens)
 		if err != nil {
 			return nil, fmt.Errorf("golden %s case %d: %w", name, i, err)
 		}
@@ -222,7 +226,7 @@ func worse(a, b CaseResult, tol Tolerances) bool {
 	return a.GreedyMismatches > b.GreedyMismatches
 }
 
-func runCase(ctx context.Context, be engine.Backend, info engine.BackendInfo, c *Case, idx int, tol Tolerances) (CaseResult, error) {
+func runCase(ctx context.Context, be engine.Backend, info engine.BackendInfo, c *Case, idx int, tol Tolerances, chunkTokens int) (CaseResult, error) {
 	prompt := c.PromptTokenIDs
 	steps := len(c.GreedyTokenIDs)
 	// Positions: the prompt, then every greedy token but the last is fed.
@@ -246,10 +250,14 @@ func runCase(ctx context.Context, be engine.Backend, info engine.BackendInfo, c 
 
 	cr := CaseResult{Case: idx, PromptLen: len(prompt), GreedySteps: steps}
 	// Prefill: the whole prompt in one step, or in chunks of the backend's
-	// step limit (a long-context case), the last chunk sampling.
+	// step limit or Options.ChunkTokens (a long-context case), the last
+	// chunk sampling.
 	chunk := len(prompt)
 	if info.MaxStepTokens > 0 && chunk > info.MaxStepTokens {
 		chunk = info.MaxStepTokens
+	}
+	if chunkTokens > 0 && chunk > chunkTokens {
+		chunk = chunkTokens
 	}
 	for start := 0; start+chunk < len(prompt); start += chunk {
 		if _, err := be.Step(ctx, &engine.StepBatch{Seqs: []engine.StepSeq{{

@@ -295,23 +295,37 @@ func TestCompare(t *testing.T) {
 
 // A backend with a step limit below a prompt gets the prompt in chunks, the
 // last one sampling; the comparison is the same as in one step.
+// Options.ChunkTokens asks for the same chunks below the backend's limit.
 func TestCompareChunkedPrefill(t *testing.T) {
 	f, err := Parse([]byte(validDoc))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b := newFake(f, 8)
-	b.info.MaxStepTokens = 2
-	rep, err := Compare(context.Background(), b, f, Options{Tolerances: ExactTolerances})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := rep.Err(); err != nil {
-		t.Error(err)
-	}
-	// Case 0: prompt of 3 in chunks 2 + 1, then 2 decode steps; case 1: 1, then 1.
-	if want := []int{2, 1, 1, 1, 1, 1}; !slices.Equal(b.steps, want) {
-		t.Errorf("step sizes %v, want %v", b.steps, want)
+	for _, tc := range []struct {
+		name                string
+		stepLimit, chunkOpt int
+		want                []int
+	}{
+		// Case 0: prompt of 3 in chunks 2 + 1, then 2 decode steps; case 1: 1, then 1.
+		{"backend limit", 2, 0, []int{2, 1, 1, 1, 1, 1}},
+		{"option", 0, 2, []int{2, 1, 1, 1, 1, 1}},
+		{"option under the limit", 8, 1, []int{1, 1, 1, 1, 1, 1, 1}},
+		{"no limit", 0, 0, []int{3, 1, 1, 1, 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newFake(f, 8)
+			b.info.MaxStepTokens = tc.stepLimit
+			rep, err := Compare(context.Background(), b, f, Options{Tolerances: ExactTolerances, ChunkTokens: tc.chunkOpt})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := rep.Err(); err != nil {
+				t.Error(err)
+			}
+			if !slices.Equal(b.steps, tc.want) {
+				t.Errorf("step sizes %v, want %v", b.steps, tc.want)
+			}
+		})
 	}
 }
 

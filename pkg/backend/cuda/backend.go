@@ -40,7 +40,7 @@ type Options struct {
 	KVBlockSize      int   // tokens per KV block (0: 16)
 	NumKVBlocks      int   // 0: as many as MemoryBudget allows
 	MemoryBudget     int64 // bytes per GPU (0: free memory minus 1 GiB)
-	MaxTokensPerStep int   // 0: 2048
+	MaxTokensPerStep int   // 0: 8192
 	MaxSeqs          int   // most sequences per step (0: 256)
 	// MaxPenaltyEntries bounds the distinct-token penalty history per step
 	// (0: MaxSeqs * 4096).

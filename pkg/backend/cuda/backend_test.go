@@ -176,7 +176,7 @@ func openFake(t *testing.T, o Options) *Backend {
 func TestOpenLoadsEveryTensor(t *testing.T) {
 	b := openFake(t, Options{KVBlockSize: 8, NumKVBlocks: 100, MaxSeqs: 4})
 	info := b.Info()
-	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 8, NumKVBlocks: 100, MaxBatchSeqs: 4, MaxStepTokens: 2048, TokenMasks: true, LateMasks: true}
+	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 1040, MaxContext: 4096, KVBlockSize: 8, NumKVBlocks: 100, MaxBatchSeqs: 4, MaxStepTokens: 8192, TokenMasks: true, LateMasks: true}
 	if info != want {
 		t.Errorf("Info = %+v, want %+v", info, want)
 	}

@@ -21,7 +21,7 @@ func TestOpenSynthetic(t *testing.T) {
 	}
 	defer b.Close()
 	info := b.Info()
-	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 151552 / 8, MaxContext: 202752, KVBlockSize: 16, NumKVBlocks: 32, MaxBatchSeqs: 4, MaxStepTokens: 2048, TokenMasks: true, LateMasks: true}
+	want := engine.BackendInfo{Name: "cuda", Device: "fake GPU (sm_00, 0 GiB) x1", VocabSize: 151552 / 8, MaxContext: 202752, KVBlockSize: 16, NumKVBlocks: 32, MaxBatchSeqs: 4, MaxStepTokens: 8192, TokenMasks: true, LateMasks: true}
 	if info != want {
 		t.Errorf("Info = %+v, want %+v", info, want)
 	}

@@ -103,7 +103,7 @@ int glmrt_get_info(const glmrt_engine *e, glmrt_info *out) {
   out->tensor_parallel = pick(e->opt.tensor_parallel, 1);
   out->kv_block_size = pick(e->opt.kv_block_size, 16);
   out->num_kv_blocks = pick(e->opt.num_kv_blocks, 64);
-  out->max_tokens_per_step = pick(e->opt.max_tokens_per_step, 2048);
+  out->max_tokens_per_step = pick(e->opt.max_tokens_per_step, 8192);
   out->max_seqs_per_step = pick(e->opt.max_seqs_per_step, 256);
   out->max_blocks_per_seq = (e->cfg.max_position_embeddings + out->kv_block_size - 1) / out->kv_block_size;
   out->max_top_logprobs = GLMRT_MAX_TOP_LOGPROBS;
