@@ -42,7 +42,9 @@ def flops(batch, lq, start):
     return 4.0 * D * HEADS * keys * batch
 
 
-def timed(fn, reps):
+def timed(fn, reps, inner=1):
+    """Median ms of fn over reps timings of inner back-to-back calls between
+    two CUDA events (each divided by inner), after a warm-up."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
@@ -51,10 +53,11 @@ def timed(fn, reps):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
-        fn()
+        for _ in range(inner):
+            fn()
         b.record()
         b.synchronize()
-        ts.append(a.elapsed_time(b))
+        ts.append(a.elapsed_time(b) / inner)
     return statistics.median(ts)
 
 

@@ -26,34 +26,18 @@ median over --reps timings of --inner back-to-back calls between two CUDA events
 """
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from peer_prefill import timed  # scripts/ is the script's own directory on sys.path
 
 LAYERS, DENSE = 92, 3
 HIDDEN, HEADS, D = 5120, 12, 128
 QKV_N = (HEADS + 2) * D  # 12 query heads, 1 key and 1 value head
 INTER = 1536
 FP8 = torch.float8_e4m3fn
-
-
-def timed(fn, reps, inner):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / inner)
-    return statistics.median(ts)
 
 
 def gemm_ms(m, n, k, reps, inner):

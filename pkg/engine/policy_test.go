@@ -25,6 +25,19 @@ func shapes(b StepBatch) []stepShape {
 	return out
 }
 
+// checkShapes fails t unless the recorded steps have exactly the shapes want.
+func checkShapes(t *testing.T, got []StepBatch, want [][]stepShape) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d steps, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		if g := shapes(got[i]); !slices.Equal(g, want[i]) {
+			t.Fatalf("step %d: %+v, want %+v", i+1, g, want[i])
+		}
+	}
+}
+
 func TestChunkedPrefillWithinBudget(t *testing.T) {
 	f := newFake(4, 64)
 	e := newEngine(t, f, Config{MaxBatchedTokens: 8})
@@ -42,14 +55,7 @@ func TestChunkedPrefillWithinBudget(t *testing.T) {
 		{{1, 21, 1, true}},
 	}
 	got := f.recorded()
-	if len(got) != len(want) {
-		t.Fatalf("%d steps, want %d", len(got), len(want))
-	}
-	for i := range want {
-		if g := shapes(got[i]); !slices.Equal(g, want[i]) {
-			t.Fatalf("step %d: %+v, want %+v", i+1, g, want[i])
-		}
-	}
+	checkShapes(t, got, want)
 	// The chunks carried the prompt in order.
 	var fed []int32
 	for _, b := range got[:3] {
@@ -75,15 +81,7 @@ func TestDecodesFirstThenPrefill(t *testing.T) {
 		{{1, 6, 1, true}, {2, 24, 6, true}},
 		{{1, 7, 1, true}, {2, 30, 1, true}},
 	}
-	got := f.recorded()
-	if len(got) != len(want) {
-		t.Fatalf("%d steps, want %d: %+v", len(got), len(want), got)
-	}
-	for i := range want {
-		if g := shapes(got[i]); !slices.Equal(g, want[i]) {
-			t.Fatalf("step %d: %+v, want %+v", i+1, g, want[i])
-		}
-	}
+	checkShapes(t, f.recorded(), want)
 }
 
 // While a sequence decodes, a step's prefill tokens stay within
@@ -105,15 +103,7 @@ func TestPrefillCappedWhileDecoding(t *testing.T) {
 		{{2, 28, 12, true}}, // A finished: B's last chunk takes the budget again
 		{{2, 40, 1, true}},
 	}
-	got := f.recorded()
-	if len(got) != len(want) {
-		t.Fatalf("%d steps, want %d: %+v", len(got), len(want), got)
-	}
-	for i := range want {
-		if g := shapes(got[i]); !slices.Equal(g, want[i]) {
-			t.Fatalf("step %d: %+v, want %+v", i+1, g, want[i])
-		}
-	}
+	checkShapes(t, f.recorded(), want)
 }
 
 func TestFCFSHeadBlocksLaterRequests(t *testing.T) {
