@@ -5,8 +5,8 @@
 k/v [B, 1, Lk, 128], F.scaled_dot_product_attention(..., enable_gqa=True) with the flash
 backend (then the efficient one if flash refuses). A whole prompt is is_causal=True; a chunk
 after earlier context (Lq < Lk) uses the lower-right causal bias (query i sees keys
-<= Lk - Lq + i), as the engine's chunked prefill does. Timed with CUDA events, median of N
-calls after warm-up. FLOPs counted as prefill_check counts them: 4 * 128 * heads * the keys
+<= Lk - Lq + i), as the engine's chunked prefill does. Timed with CUDA events: the median
+of N timings of 4-32 back-to-back calls (bench_inner), divided, after warm-up. FLOPs counted as prefill_check counts them: 4 * 128 * heads * the keys
 each query sees, summed. One line per shape, joinable on `shape`:
 
     shape        sdpa_ms  sdpa_TFLOP/s  backend
@@ -19,6 +19,7 @@ as a model that repeats its KV heads calls it).
 """
 import argparse
 import json
+import math
 import statistics
 import sys
 
@@ -40,6 +41,13 @@ def shapes():
 def flops(batch, lq, start):
     keys = lq * start + lq * (lq + 1) / 2
     return 4.0 * D * HEADS * keys * batch
+
+
+def bench_inner(fl):
+    """Calls one timing spans: ~0.2 TFLOP of attention, 4 to 32 (prefill_check's
+    bench_inner: the same rule). One call at a time, SDPA's host-side dispatch
+    (tens of microseconds; cuDNN's plan lookup) runs while the GPU idles."""
+    return int(min(32, max(4, math.ceil(2e11 / fl))))
 
 
 def timed(fn, reps, inner=1):
@@ -91,10 +99,11 @@ def run(batch, lq, start, reps, every=False):
         return lambda: F.scaled_dot_product_attention(q, kk, vv, attn_mask=bias, enable_gqa=gqa)
 
     out, last = [], None
+    inner = bench_inner(flops(batch, lq, start))
     for name, be, expanded in CONFIGS if every else CONFIGS[:2]:
         try:
             with sdpa_kernel(be):
-                ms = timed(make(expanded), reps)
+                ms = timed(make(expanded), reps, inner)
         except RuntimeError as err:
             last = err
             continue
