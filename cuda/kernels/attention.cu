@@ -1162,8 +1162,9 @@ struct PfTuning {
                               // for 64-row items, else mma.sync; 1: mma.sync; 2: wgmma; 3: as 0 on sm_90
   int rows = 0;               // rows per item: 128 (mma.sync: 4 warps x 32 rows; wgmma: 2 warpgroups
                               // x 64), 64 (4 warps x 16 rows; 1 warpgroup), 0: chosen per step
-  int stages = 2;             // K/V ring depth of the mma.sync and wgmma kernels: 2 or 3 (smem 96 / 128 KB per
-                              // CTA at 128 rows); the warp-specialized kernel: 3 or 4, else its default (3)
+  int stages = 0;             // K/V ring depth of the mma.sync and wgmma kernels: 2 or 3 (smem 96 / 128 KB per
+                              // CTA at 128 rows), 0: attention_prefill's choice; the warp-specialized kernel:
+                              // 3 or 4, else its default (3)
   int min_split_tiles = 8;    // pieces of a split item have at least this many 64-key tiles (H200,
                               // 2026-11-29: at 4 a 512-token prompt took 0.032 ms split against 0.018 unsplit)
   float split_frac = 2.0f;    // split target: split_frac * (tiles per SM); 0: never split
@@ -2060,11 +2061,16 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
       !a.out)
     return cudaErrorInvalidValue;
   if (a.n_parts > 0 && !a.workspace) return cudaErrorInvalidValue;
-  const int stages = g_pf_tuning.stages >= 3 ? 3 : 2;  // the kernels below (the ws kernel: its own)
   int dev = 0;
   DeviceInfo di;
   const cudaError_t e = device_info(dev, di);
   if (e != cudaSuccess) return e;
+  // The mma.sync and wgmma kernels' K/V ring (the ws kernel: its own): the
+  // hook's 2 or 3, by default 3 for the wgmma kernel's 64-row items on sm_90
+  // (short prompts: H200, 2026-11-29, launches timed back to back, a 1,024-token
+  // prompt 0.0264 -> 0.0241 ms, 512 0.0148 -> 0.0146), else 2.
+  const bool wgmma64 = di.major == 9 && a.rows == 64 && (g_pf_tuning.kernel == 0 || g_pf_tuning.kernel >= 2);
+  const int stages = g_pf_tuning.stages >= 3 ? 3 : g_pf_tuning.stages == 2 ? 2 : wgmma64 ? 3 : 2;
   const int kernel = g_pf_tuning.kernel;
   if (kernel == 2 && di.major != 9) return cudaErrorInvalidValue;  // wgmma: sm_90 only
   if (kernel == 3 && di.major != 9) return cudaErrorInvalidValue;
