@@ -2068,7 +2068,7 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
   // The mma.sync and wgmma kernels' K/V ring (the ws kernel: its own): the
   // hook's 2 or 3, by default 3 for the wgmma kernel's 64-row items on sm_90
   // (short prompts: H200, 2026-11-29, launches timed back to back, a 1,024-token
-  // prompt 0.0264 -> 0.0241 ms, 512 0.0148 -> 0.0146), else 2.
+  // prompt 0.0264 -> 0.0243 ms, 512 0.0148 -> 0.0146), else 2.
   const bool wgmma64 = di.major == 9 && a.rows == 64 && (g_pf_tuning.kernel == 0 || g_pf_tuning.kernel >= 2);
   const int stages = g_pf_tuning.stages >= 3 ? 3 : g_pf_tuning.stages == 2 ? 2 : wgmma64 ? 3 : 2;
   const int kernel = g_pf_tuning.kernel;
