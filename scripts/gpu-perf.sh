@@ -6,7 +6,8 @@
 #
 #   check    kernel_check, attn_check, prefill_check, grouped_check, small_check,
 #            stream_tc_check against float64 references, moe_decode_check and
-#            attn_layer_check against the kernel chains they replace;
+#            attn_layer_check against the kernel chains they replace, kvfp8_check
+#            (the FP8 KV cache's writer, decode and prefill attention);
 #            the tiny models validated on CUDA (FP8 and exact); greedy tokens with
 #            CUDA graphs on and off (must be identical); the -tags gpu Go tests
 #   kernels  attention decode bench next to PyTorch SDPA on the same shapes;
@@ -88,7 +89,7 @@ fi
 
 if want check; then
   for t in kernel_check attn_check prefill_check grouped_check small_check stream_tc_check moe_decode_check \
-           attn_layer_check; do
+           attn_layer_check kvfp8_check; do
     if [[ ! -x "$PRE/$t" ]]; then fail "$t               missing in $PRE"; continue; fi
     if timeout "$T" "$PRE/$t" >"$LOG/$t.log" 2>&1; then note "$(printf '%-21s' $t) ok ($(grep -m1 -o '[0-9]* checks, [0-9]* failed' "$LOG/$t.log"))"
     else fail "$(printf '%-21s' $t) FAIL (see $t.log)"; grep -m12 FAIL "$LOG/$t.log"; tail -3 "$LOG/$t.log"; fi
@@ -101,6 +102,10 @@ if want check; then
         note "validate $m $mode  ok ($(grep -m1 -io 'worst.*' "$LOG/validate-$m-$mode.txt" | head -c 60)$(grep -io 'agreement: [0-9]* of [0-9]*' "$LOG/validate-$m-$mode.txt" | sed 's/^/; /'))"
       else fail "validate $m $mode  FAIL"; tail -8 "$LOG/validate-$m-$mode.txt"; fi
     done
+    # The FP8 (e4m3, scaled) KV cache against the same goldens at the FP8 path's tolerances.
+    if timeout "$T" "$G" validate --backend cuda --kv-cache-dtype fp8 --model testdata/models/$m --golden testdata/models/$m.golden.json >"$LOG/validate-$m-kvfp8.txt" 2>&1; then
+      note "validate $m kv fp8 ok ($(grep -m1 -io 'worst.*' "$LOG/validate-$m-kvfp8.txt" | head -c 60))"
+    else fail "validate $m kv fp8 FAIL"; tail -8 "$LOG/validate-$m-kvfp8.txt"; fi
     # Greedy tokens: CUDA graphs on vs off must be identical (padding rows and
     # graph replay change nothing), several sequences at once through serve-like
     # batching is covered by the Go tests.

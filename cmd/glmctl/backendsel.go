@@ -29,6 +29,7 @@ func addBackendFlags(f *pflag.FlagSet) {
 	f.Int64("gpu-memory-budget", 0, "cuda backend: bytes per GPU for weights, KV and workspaces (0 = free memory minus 1 GiB)")
 	f.Bool("cuda-graphs", true, "cuda backend: capture decode steps as CUDA graphs per batch size and replay them (false: launch every kernel every step)")
 	f.Bool("cuda-exact", false, "cuda backend: validation precision (float32 activations, FP32 KV cache and lm_head; slow)")
+	f.String("kv-cache-dtype", backend.KVAuto, "KV cache element type: auto (cuda BF16, cpu float32) or fp8 (cuda: e4m3 with a scale per token and KV head; half the bytes, twice the tokens; needs --kv-block-size 16)")
 }
 
 // addSpeculativeFlags registers speculative decoding (generate, serve, bench).
@@ -92,6 +93,11 @@ func (a *app) openBackendFor(ctx context.Context, dir string, spec *synth.Spec) 
 		CUDANoGraphs:   !v.GetBool("cuda-graphs"),
 		Synthetic:      spec,
 	}
+	kvType, err := backend.ParseKVCacheDType(v.GetString("kv-cache-dtype"))
+	if err != nil {
+		return nil, err
+	}
+	o.KVCacheDType = kvType
 	if v.IsSet("speculative") || v.GetString("speculative") != "" {
 		drafts, _, err := a.speculative()
 		if err != nil {

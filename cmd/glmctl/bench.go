@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/glmctl/glmctl/pkg/backend"
 	"github.com/glmctl/glmctl/pkg/bench"
 	"github.com/glmctl/glmctl/pkg/engine"
 	"github.com/glmctl/glmctl/pkg/model"
@@ -73,7 +74,7 @@ and failures by kind. --model is then the served model's name. See docs/bench.md
 	f.Float32("temperature", 0, "sampling temperature (0 = greedy)")
 	f.Float64("hbm-bandwidth", 0, "memory bandwidth for the floor in bytes/s (0 = from the device: H200 4.46e12 measured, H100 3.11e12 estimated, CPU 20e9 assumed)")
 	f.Int("ep", 0, "expert-parallel group size the floor assumes (0 = --tp)")
-	f.String("floor-kv-dtype", "bf16", "KV cache element type the floor reads: bf16 (what the backends' KV holds now), fp8 or fp32")
+	f.String("floor-kv-dtype", "bf16", "KV cache element type the floor reads: bf16, fp8 or fp32 (default: the cache's, bf16, or fp8 with --kv-cache-dtype fp8)")
 	f.String("project-model", "", "also print the floor of this model directory (config.json is enough) at each run's batch and context, labelled as a projection")
 	f.Int("project-tp", 8, "tensor-parallel GPUs of the projection")
 	f.Int("project-ep", 0, "expert-parallel group size of the projection (0 = --project-tp)")
@@ -197,6 +198,11 @@ func (a *app) runBench(ctx context.Context, cmdLine string) error {
 	kvElem, err := kvElemBytes(v.GetString("floor-kv-dtype"))
 	if err != nil {
 		return err
+	}
+	// The floor reads the cache that runs unless told otherwise.
+	if kvType, err := backend.ParseKVCacheDType(v.GetString("kv-cache-dtype")); err == nil && kvType == backend.KVFP8 &&
+		!v.IsSet("floor-kv-dtype") {
+		kvElem = 1
 	}
 	bwFlag, err := bandwidthFlag("hbm-bandwidth", v.GetFloat64("hbm-bandwidth"))
 	if err != nil {

@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-#define GLMRT_ABI_VERSION 9
+#define GLMRT_ABI_VERSION 10
 
 /* Status codes. */
 #define GLMRT_OK 0
@@ -109,8 +109,17 @@ typedef struct glmrt_engine_options {
                                   tensor_parallel 1, a MoE model and the real path
                                   (exact_activations and fp32_cache_and_head 0); more than 1 needs
                                   kv_block_size a multiple of 16 */
-  int32_t reserved[3];         /* must be zero */
+  int32_t kv_cache_dtype;      /* GLMRT_KV_AUTO (0): BF16 (FP32 with fp32_cache_and_head);
+                                  GLMRT_KV_FP8_E4M3: e4m3 codes with an FP32 scale per (token,
+                                  KV head), amax / 448 -- about half the bytes per block. Needs
+                                  the real path (exact_activations and fp32_cache_and_head 0),
+                                  kv_block_size 16, head_dim 128 and at most 16 query heads per
+                                  KV head (docs/cuda.md, "The FP8 KV cache") */
+  int32_t reserved[2];         /* must be zero */
 } glmrt_engine_options;
+
+#define GLMRT_KV_AUTO 0
+#define GLMRT_KV_FP8_E4M3 1
 
 /* What the engine became (glmrt_get_info). */
 typedef struct glmrt_info {

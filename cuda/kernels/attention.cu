@@ -290,6 +290,19 @@ static_assert(kDecCounterBytes % 256 == 0, "data regions stay 256-byte aligned")
 constexpr int kDecOStride = kDecD + 8;          // floats per row of a warp's O in shared memory
 constexpr float kLog2e = 1.4426950408889634f;
 static_assert(16 * kDecOStride * 4 <= 2 * kDecStageBytes, "warp O copy fits in two stages");
+// The FP8 cache's decode tiles (one 16-token block of one KV head): K codes 2
+// KB (rows of 128 bytes, 16-byte chunks XOR-swizzled by key), V codes 2 KB
+// (transposed: 128 rows of 16 keys), the 16 K and 16 V scales. Twice the
+// stages of the BF16 form in about the same shared memory: the same bytes in
+// flight per warp.
+constexpr int kDecF8TileBytes = kDecTile * kDecD;                 // 2 KB
+constexpr int kDecF8StageBytes = 2 * kDecF8TileBytes + 2 * 64;    // + the scales
+// A warp's shared memory region (stages; after the key loop its O copy).
+template <int S, bool F8>
+__host__ __device__ constexpr int dec_warp_bytes() {
+  return F8 ? 2 * S * kDecF8StageBytes : S * kDecStageBytes;
+}
+static_assert(16 * kDecOStride * 4 <= 2 * 2 * kDecF8StageBytes, "warp O copy fits in the FP8 stages");
 
 // Launch knobs (defaults; attn_check --sweep changes them through the hook at
 // the end of this file).
@@ -575,9 +588,81 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
   }
 }
 
-template <int S, bool CLU>
+// The FP8 cache's K rows are swizzled by this function of the key: distinct
+// over the 8 keys {4a + 2nt + b} that one ldmatrix reads for n-tile nt (the
+// permuted order below), so those 8 rows hit 8 different bank groups.
+__device__ __forceinline__ int dec_f8_swz(int key) { return ((key >> 1) & 6) | (key & 1); }
+
+// One 16-key FP8 tile of a warp (stage at sb: K codes, V codes transposed, K
+// and V scales) into the warp's running state. ldmatrix hands thread (g, t)
+// bytes 4t .. 4t+3 of a row: for K, dims 16kk + 4t .. of a key (Q's fragments
+// carry the same dim permutation); for V (rows = dims), keys 4t .. 4t+3. The
+// K rows of n-tile nt are keys 4(r/2) + 2nt + r%2 (r = 0..7), so score
+// columns 2t, 2t+1 of n-tile 0 / 1 are keys 4t, 4t+1 / 4t+2, 4t+3: the keys
+// of the thread's V fragments, and P (the C layout of S) is again the A
+// fragment of O += P V. Scores scaled by the K scales; P by the V scales
+// (its row sums l unscaled). Keys from `valid` are masked: scores -inf, V
+// codes and scales zero (a stale slot's bytes may be anything).
+__device__ __forceinline__ void dec_f8_tile(uint32_t sb, int lane, int g, int t, int valid,
+                                            const uint32_t (&qa)[8][4], float& m0, float& m1, float& l0, float& l1,
+                                            float (&o)[16][4]) {
+  const int mi = lane >> 3, r = lane & 7;
+  const int key = 4 * (r >> 1) + 2 * (mi >> 1) + (r & 1);
+  const uint32_t krow = sb + key * 128;
+  const int sw = dec_f8_swz(key);
+  float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
+  float u0[4] = {0.f, 0.f, 0.f, 0.f}, u1[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t x0, x1, x2, x3;  // (n-tile 0, chunk 2q), (0, 2q+1), (1, 2q), (1, 2q+1)
+    ldsm_x4(krow + (((2 * q + (mi & 1)) ^ sw) << 4), x0, x1, x2, x3);
+    mma_f16_16816(s0, qa[2 * q], e4m3x2_to_f16x2(x0), e4m3x2_to_f16x2(x0 >> 16));
+    mma_f16_16816(s1, qa[2 * q], e4m3x2_to_f16x2(x2), e4m3x2_to_f16x2(x2 >> 16));
+    mma_f16_16816(u0, qa[2 * q + 1], e4m3x2_to_f16x2(x1), e4m3x2_to_f16x2(x1 >> 16));
+    mma_f16_16816(u1, qa[2 * q + 1], e4m3x2_to_f16x2(x3), e4m3x2_to_f16x2(x3 >> 16));
+  }
+  const float4 ks = *reinterpret_cast<const float4*>(
+      __cvta_shared_to_generic(sb + 2 * kDecF8TileBytes + 16 * t));
+  float4 vs = *reinterpret_cast<const float4*>(__cvta_shared_to_generic(sb + 2 * kDecF8TileBytes + 64 + 16 * t));
+  s0[0] = (s0[0] + u0[0]) * ks.x;
+  s0[1] = (s0[1] + u0[1]) * ks.y;
+  s0[2] = (s0[2] + u0[2]) * ks.x;
+  s0[3] = (s0[3] + u0[3]) * ks.y;
+  s1[0] = (s1[0] + u1[0]) * ks.z;
+  s1[1] = (s1[1] + u1[1]) * ks.w;
+  s1[2] = (s1[2] + u1[2]) * ks.z;
+  s1[3] = (s1[3] + u1[3]) * ks.w;
+  uint32_t vm0 = 0xFFFFFFFFu, vm1 = 0xFFFFFFFFu;  // V halves of keys 4t, 4t+1 / 4t+2, 4t+3
+  if (valid < kDecTile) {
+    const int k4 = 4 * t;
+    if (k4 >= valid) s0[0] = s0[2] = -INFINITY, vs.x = 0.f, vm0 &= 0xFFFF0000u;
+    if (k4 + 1 >= valid) s0[1] = s0[3] = -INFINITY, vs.y = 0.f, vm0 &= 0x0000FFFFu;
+    if (k4 + 2 >= valid) s1[0] = s1[2] = -INFINITY, vs.z = 0.f, vm1 &= 0xFFFF0000u;
+    if (k4 + 3 >= valid) s1[1] = s1[3] = -INFINITY, vs.w = 0.f, vm1 &= 0x0000FFFFu;
+  }
+  attn_block_softmax_p(s0, s1, kDecTile, t, m0, m1, l0, l1, o);
+  uint32_t pa[4];
+  pa[0] = pack_f16(s0[0] * vs.x, s0[1] * vs.y);
+  pa[1] = pack_f16(s0[2] * vs.x, s0[3] * vs.y);
+  pa[2] = pack_f16(s1[0] * vs.z, s1[1] * vs.w);
+  pa[3] = pack_f16(s1[2] * vs.z, s1[3] * vs.w);
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    uint32_t x[4];
+    ldsm_x4(sb + kDecF8TileBytes + (32 * q + lane) * 16, x[0], x[1], x[2], x[3]);
+#pragma unroll
+    for (int m = 0; m < 4; ++m)
+      mma_f16_16816(o[4 * q + m], pa, e4m3x2_to_f16x2(x[m]) & vm0, e4m3x2_to_f16x2(x[m] >> 16) & vm1);
+  }
+}
+
+template <int S, bool CLU, bool F8>
 __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs a, DecParams p) {
   static_assert(S >= 2 && S <= 4, "pipeline depth");
+  // F8: the FP8 cache, in twice the stages (QkRopeArgs::kv_fp8's layout).
+  constexpr int NS = F8 ? 2 * S : S;
+  constexpr int SB = F8 ? kDecF8StageBytes : kDecStageBytes;
+  constexpr int WB = dec_warp_bytes<S, F8>();
   extern __shared__ __align__(1024) unsigned char dsmem[];
   __shared__ DecShared sh;
   pdl_launch_dependents();  // o_proj's weights may start streaming under this kernel
@@ -637,12 +722,19 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     for (int j = 0; j < np; ++j) {
       const int id = __shfl_sync(0xffffffffu, ids, j);
       const int key0 = k0 + kDecTile * (warp + kDecWarps * j);
-      const int64_t off = (((int64_t)id * a.n_kv_heads + kvh) * bs + (key0 % bs)) * kDecD;
-      // 16 keys x 256 B of K, then of V: one 128-byte line per lane each.
-      const char* kp = reinterpret_cast<const char*>(a.k_cache + off) + lane * 128;
-      const char* vp = reinterpret_cast<const char*>(a.v_cache + off) + lane * 128;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(kp));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(vp));
+      if constexpr (F8) {
+        // 2 KB of K codes, then of V: one 128-byte line per lane.
+        const int64_t bh = (int64_t)id * a.n_kv_heads + kvh;
+        const uint8_t* c8 = lane < 16 ? a.k_cache8 : a.v_cache8;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(c8 + bh * kDecF8TileBytes + (lane & 15) * 128));
+      } else {
+        const int64_t off = (((int64_t)id * a.n_kv_heads + kvh) * bs + (key0 % bs)) * kDecD;
+        // 16 keys x 256 B of K, then of V: one 128-byte line per lane each.
+        const char* kp = reinterpret_cast<const char*>(a.k_cache + off) + lane * 128;
+        const char* vp = reinterpret_cast<const char*>(a.v_cache + off) + lane * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kp));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vp));
+      }
     }
   }
   dec_grid_wait();
@@ -650,7 +742,24 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   // Q as bf16 A fragments: rows = heads kvh*G + r (r >= G: zero), pre-scaled
   // so that scores are in log2 units. qa[kk] covers dims 16kk .. 16kk+15.
   uint32_t qa[8][4];
-  {
+  if constexpr (F8) {
+    // f16, the dims of a k-step permuted as the FP8 K rows arrive from
+    // ldmatrix: thread (g, t) holds dims 16kk + 4t .. 4t+3 of its rows (a0 / a2
+    // the first / second pair), the same permutation on both operands.
+    const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
+    const float sc = a.scale * kLog2e;
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (r < G) v = *reinterpret_cast<const float4*>(qp + r * kDecD + kk * 16 + 4 * t);
+        qa[kk][h] = pack_f16(v.x * sc, v.y * sc);
+        qa[kk][h + 2] = pack_f16(v.z * sc, v.w * sc);
+      }
+    }
+  } else {
     const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
     const float sc = a.scale * kLog2e;
 #pragma unroll
@@ -668,14 +777,38 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     }
   }
 
-  const uint32_t wbase = (uint32_t)__cvta_generic_to_shared(dsmem) + warp * S * kDecStageBytes;
+  const uint32_t wbase = (uint32_t)__cvta_generic_to_shared(dsmem) + warp * WB;
   const __nv_bfloat16* kc = a.k_cache;
   const __nv_bfloat16* vc = a.v_cache;
   const uint64_t kv_pol = l2_policy_stream();
   // Copies tile j of this warp into stage buf: lane copies 16-byte chunk
   // (lane & 15) of keys 2i + (lane >> 4), i = 0..7, of K and of V; keys >= k1
   // (the tail of the last tile) are zero-filled and not read.
+  // F8: a tile is one block of one KV head; lane copies K chunks lane + 32i
+  // (key c / 8, chunk c % 8, swizzled by dec_f8_swz) and V rows lane + 32i (dims),
+  // lanes 0-3 the K scales, 4-7 the V scales. No zero fill: the tail's keys
+  // are masked after the widening (their codes may be stale).
+  auto issue8 = [&](int buf, int id) {
+    const int64_t bh = (int64_t)id * a.n_kv_heads + kvh;
+    const uint32_t dk = wbase + buf * SB;
+    const uint8_t* kb = a.k_cache8 + bh * kDecF8TileBytes;
+    const uint8_t* vb = a.v_cache8 + bh * kDecF8TileBytes;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = lane + 32 * i, key = c >> 3, ch = c & 7;
+      cp_async16_zfill_hint(dk + key * 128 + ((ch ^ dec_f8_swz(key)) << 4), kb + c * 16, 16, kv_pol);
+      cp_async16_zfill_hint(dk + kDecF8TileBytes + c * 16, vb + c * 16, 16, kv_pol);
+    }
+    if (lane < 8) {
+      const float* sp = (lane < 4 ? a.k_scale : a.v_scale) + bh * kDecTile + (lane & 3) * 4;
+      cp_async16_zfill_hint(dk + 2 * kDecF8TileBytes + lane * 16, sp, 16, kv_pol);
+    }
+  };
   auto issue = [&](int j, int buf, int id) {
+    if constexpr (F8) {
+      issue8(buf, id);
+      return;
+    }
     const int key0 = k0 + kDecTile * (warp + kDecWarps * j);
     const int64_t off = (((int64_t)id * a.n_kv_heads + kvh) * bs + (key0 % bs)) * kDecD;
     const int valid = k1 - key0;
@@ -707,26 +840,31 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;  // rows g, g+8 (l: this thread's columns)
 
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {
+  for (int s = 0; s < NS - 1; ++s) {
     if (s < nt) issue(s, s, __shfl_sync(0xffffffffu, ids, s));
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  int rb = 0, wb = S - 1;
+  int rb = 0, wb = NS - 1;
   for (int j = 0; j < nt; ++j) {
-    cp_async_wait<S - 2>();  // tile j has landed (this thread's copies)
-    __syncwarp();            // ... and every lane's; stage wb (read at j-1) is free
+    cp_async_wait<NS - 2>();  // tile j has landed (this thread's copies)
+    __syncwarp();             // ... and every lane's; stage wb (read at j-1) is free
     {
-      const int jn = j + S - 1;
+      const int jn = j + NS - 1;
       if ((jn & 31) == 0) {  // next batch of block ids
         ids = ids_next;
         ids_next = tile_ids((jn >> 5) + 1);
       }
       if (jn < nt) issue(jn, wb, __shfl_sync(0xffffffffu, ids, jn & 31));
       asm volatile("cp.async.commit_group;" ::: "memory");
-      wb = wb + 1 == S ? 0 : wb + 1;
+      wb = wb + 1 == NS ? 0 : wb + 1;
     }
-    const uint32_t sb = wbase + rb * kDecStageBytes;
-    rb = rb + 1 == S ? 0 : rb + 1;
+    const uint32_t sb = wbase + rb * SB;
+    rb = rb + 1 == NS ? 0 : rb + 1;
+    if constexpr (F8) {
+      dec_f8_tile(sb, lane, g, t, min(kDecTile, k1 - (k0 + kDecTile * (warp + kDecWarps * j))), qa, m0, m1, l0,
+                  l1, o);
+      continue;
+    }
 
     // S = Q K^T: two accumulator chains per n-tile (even / odd k-steps).
     float s0[4] = {0.f, 0.f, 0.f, 0.f}, s1[4] = {0.f, 0.f, 0.f, 0.f};
@@ -776,7 +914,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   }
   __syncwarp();  // every lane of this warp is done reading its stages
   {
-    float* ow = reinterpret_cast<float*>(dsmem + (size_t)warp * S * kDecStageBytes);
+    float* ow = reinterpret_cast<float*>(dsmem + (size_t)warp * WB);
 #pragma unroll
     for (int nd = 0; nd < 16; ++nd) {
       *reinterpret_cast<float2*>(ow + g * kDecOStride + nd * 8 + 2 * t) = make_float2(o[nd][0], o[nd][1]);
@@ -815,7 +953,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
       for (int w = 0; w < kDecWarps; ++w) {
         const float f = sh.wf[w][r];
         const float4 v = *reinterpret_cast<const float4*>(
-            reinterpret_cast<const float*>(dsmem + (size_t)w * S * kDecStageBytes) + r * kDecOStride + c);
+            reinterpret_cast<const float*>(dsmem + (size_t)w * WB) + r * kDecOStride + c);
         a4.x += f * v.x;
         a4.y += f * v.y;
         a4.z += f * v.z;
@@ -848,7 +986,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   int* cnt = p.counters + pair * kDecCntStride;
   const float* stage = reinterpret_cast<const float*>(dsmem);
   const uint32_t stage_s = (uint32_t)__cvta_generic_to_shared(dsmem);
-  const int cap = (kDecWarps * S * kDecStageBytes) / (G * kDecD * 4);
+  const int cap = (kDecWarps * WB) / (G * kDecD * 4);
   int n_final = n_act;                                           // partials of the final merge
   const float* fin_o = p.po + (pair * a.max_splits) * G * kDecD;  // ... and where they are
   const float2* fin_ml = p.pml + (pair * a.max_splits) * G;
@@ -905,7 +1043,7 @@ DecWsLayout dec_ws_layout(int n_seqs, int G, int n_kv, int max_splits) {
 }
 
 // cudaFuncSetAttribute once per device and kernel instantiation.
-template <int S, bool CLU>
+template <int S, bool CLU, bool F8>
 cudaError_t dec_prepare(int smem) {
   static std::atomic<unsigned long long> done{0};
   int dev = 0;
@@ -913,13 +1051,13 @@ cudaError_t dec_prepare(int smem) {
   if (e != cudaSuccess) return e;
   const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU, F8>, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   if (CLU) {
-    e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU, F8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
   }
   done.fetch_or(bit, std::memory_order_relaxed);
@@ -927,7 +1065,7 @@ cudaError_t dec_prepare(int smem) {
 }
 
 int dec_smem(const DecodeAttnArgs& a, const DeviceInfo& dd, int S) {
-  int smem = kDecWarps * S * kDecStageBytes;
+  int smem = kDecWarps * (a.k_cache8 ? 2 * S * kDecF8StageBytes : S * kDecStageBytes);
   // Padded, two CTAs need more than the SM has (static shared memory and the
   // per-CTA reservation only add to that).
   if (a.one_per_sm) smem = std::max(smem, dd.smem_per_sm / 2 + 1024);
@@ -938,40 +1076,47 @@ int dec_smem(const DecodeAttnArgs& a, const DeviceInfo& dd, int S) {
 // that the device holds at once (cudaOccupancyMaxActiveClusters: registers,
 // shared memory, GPC sizes); 0 where none launches. Asked once per device,
 // depth, size and shared memory padding.
-template <int S>
+// The most dynamic shared memory of a depth-S launch (padding included).
+template <int S, bool F8>
+constexpr int dec_smem_max() {
+  return kDecWarps * dec_warp_bytes<4, F8>() > kDecWarps * 4 * kDecStageBytes ? kDecWarps * dec_warp_bytes<4, F8>()
+                                                                              : kDecWarps * 4 * kDecStageBytes;
+}
+
+template <int S, bool F8>
 int dec_cluster_capacity(const DecodeAttnArgs& a, const DeviceInfo& dd, int dev) {
   const int cl = a.max_splits;
   const int ci = cl == 2 ? 0 : cl == 4 ? 1 : cl == 8 ? 2 : cl == 16 ? 3 : -1;
   if (ci < 0 || dd.major < 9 || dev < 0 || dev >= 64) return 0;
-  static std::atomic<int> cache[64][4][2];  // capacity + 1; 0: not asked yet
+  static std::atomic<int> cache[64][4][2];  // capacity + 1; 0: not asked yet (per S, F8 instance)
   std::atomic<int>& c = cache[dev][ci][a.one_per_sm ? 1 : 0];
   int v = c.load(std::memory_order_relaxed);
   if (v > 0) return v - 1;
   const int smem = dec_smem(a, dd, S);
   int n = 0;
-  if (dec_prepare<S, true>(std::max(smem, kDecWarps * 4 * kDecStageBytes)) == cudaSuccess) {
+  if (dec_prepare<S, true, F8>(std::max(smem, dec_smem_max<S, F8>())) == cudaSuccess) {
     DecodeAttnArgs one = a;
     one.n_seqs = 1;
     one.n_kv_heads = 1;
     one.pdl = 0;
     const LaunchConfig lc(dim3(one.max_splits, one.n_kv_heads, one.n_seqs), dim3(kDecThreads), smem, nullptr, false, cl);
-    if (cudaOccupancyMaxActiveClusters(&n, decode_attn_kernel<S, true>, &lc.cfg) != cudaSuccess) n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, decode_attn_kernel<S, true, F8>, &lc.cfg) != cudaSuccess) n = 0;
   }
   (void)cudaGetLastError();  // a failed query means "no cluster"
   c.store(n + 1, std::memory_order_relaxed);
   return n;
 }
 
-template <int S, bool CLU>
+template <int S, bool CLU, bool F8>
 cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, cudaStream_t st) {
   const int smem = dec_smem(a, dd, S);
-  cudaError_t e = dec_prepare<S, CLU>(std::max(smem, kDecWarps * 4 * kDecStageBytes));
+  cudaError_t e = dec_prepare<S, CLU, F8>(std::max(smem, dec_smem_max<S, F8>()));
   if (e != cudaSuccess) return e;
-  return launch_kernel(a.pdl != 0, CLU ? a.max_splits : 0, decode_attn_kernel<S, CLU>,
+  return launch_kernel(a.pdl != 0, CLU ? a.max_splits : 0, decode_attn_kernel<S, CLU, F8>,
                        dim3(a.max_splits, a.n_kv_heads, a.n_seqs), dim3(kDecThreads), smem, st, a, p);
 }
 
-template <int S>
+template <int S, bool F8>
 cudaError_t dec_dispatch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, int dev,
                          int mode, cudaStream_t st) {
   if (mode != 1 && a.max_splits > 1) {
@@ -991,22 +1136,27 @@ cudaError_t dec_dispatch(const DecodeAttnArgs& a, const DecParams& p, const Devi
       DecodeAttnArgs c = a;
       for (int cl = kDecMaxCluster; cl >= 8; cl /= 2) {
         c.max_splits = cl;
-        if (dec_cluster_capacity<S>(c, dd, dev) >= pairs) return dec_launch<S, true>(c, p, dd, st);
+        if (dec_cluster_capacity<S, F8>(c, dd, dev) >= pairs) return dec_launch<S, true, F8>(c, p, dd, st);
       }
     }
-    const int cap = dec_cluster_capacity<S>(a, dd, dev);
-    if (cap > 0 && (mode == 2 || cap >= pairs)) return dec_launch<S, true>(a, p, dd, st);
+    const int cap = dec_cluster_capacity<S, F8>(a, dd, dev);
+    if (cap > 0 && (mode == 2 || cap >= pairs)) return dec_launch<S, true, F8>(a, p, dd, st);
   }
-  return dec_launch<S, false>(a, p, dd, st);
+  return dec_launch<S, false, F8>(a, p, dd, st);
 }
 
 }  // namespace
 
-int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms) {
+int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms, bool kv_fp8) {
   if (n_seqs <= 0 || n_kv_heads <= 0) return 1;
   if (num_sms <= 0) num_sms = 132;
   const long long pairs = (long long)n_seqs * n_kv_heads;
-  const long long target = (long long)num_sms * std::max(1, g_dec_tuning.ctas_per_sm);
+  // The FP8 cache: twice the CTAs (its tiles carry half the bytes for the
+  // same per-tile work, so more warps an SM keep HBM busy). H200, 2026-11-29,
+  // kvfp8_check --sweep, us, 1 -> 2 CTAs an SM (2 stages): batch 64 / 4k
+  // 27.2 -> 24.6, 128 / 4k 51.4 -> 41.1, 64 / 16k 88.4 -> 76.4, 256 / 2k 39.4
+  // -> 39.3, 16 / 4k and batch 1 unchanged.
+  const long long target = (long long)num_sms * std::max(1, g_dec_tuning.ctas_per_sm) * (kv_fp8 ? 2 : 1);
   const long long s = target / pairs;
   return (int)std::max(1LL, std::min<long long>(s, kDecPolicyMaxSplits));
 }
@@ -1036,8 +1186,11 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
   if (a.n_seqs > 65535 || a.n_kv_heads > 65535) return cudaErrorInvalidValue;
   if (a.out_q && (a.n_kv_heads != 1 || !a.out_scale)) return cudaErrorInvalidValue;
   if (!a.out && !a.out_q) return cudaErrorInvalidValue;
-  if (!a.q || !a.k_cache || !a.v_cache || !a.q_row || !a.ctx_len || !a.bt_offset || !a.block_tables)
+  const bool f8 = a.k_cache8 != nullptr;
+  if (f8 ? (!a.v_cache8 || !a.k_scale || !a.v_scale || a.k_cache || a.v_cache || a.block_size != kKvFp8BlockSize)
+         : (!a.k_cache || !a.v_cache))
     return cudaErrorInvalidValue;
+  if (!a.q || !a.q_row || !a.ctx_len || !a.bt_offset || !a.block_tables) return cudaErrorInvalidValue;
   a.max_splits = dec_eff_splits(a.n_seqs, a.n_kv_heads, a.max_splits);
   if (a.max_splits > 1 && !a.workspace) return cudaErrorInvalidValue;
   const DecTuning& tu = g_dec_tuning;
@@ -1061,11 +1214,25 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
   const cudaError_t de = device_info(dev, dd);
   if (de != cudaSuccess) return de;
   int stages = tu.stages;
+  // The FP8 cache's stages hold half the bytes, and it runs twice the stages
+  // of the depth: 3 (6 of 4 KB a warp) where the grid fits one wave, else 2
+  // (4). H200, 2026-11-29, kvfp8_check --sweep, us, default (4 / 3) -> these:
+  // batch 1 / 2k 9.54 -> 9.28, 4 / 4k 8.79 -> 8.30, 16 / 4k 13.54 -> 12.96,
+  // 256 / 2k 41.37 -> 39.40 (at 2 CTAs an SM the deeper rings lose more).
+  if (stages == 0 && f8) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 3 : 2;
   if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;
+  if (f8) {
+    if (dd.major < 9) return cudaErrorInvalidValue;  // the FP8 cache is an sm_90 path (kernels.h)
+    switch (stages) {
+      case 2: return dec_dispatch<2, true>(a, p, dd, dev, tu.cluster, st);
+      case 4: return dec_dispatch<4, true>(a, p, dd, dev, tu.cluster, st);
+      default: return dec_dispatch<3, true>(a, p, dd, dev, tu.cluster, st);
+    }
+  }
   switch (stages) {
-    case 2: return dec_dispatch<2>(a, p, dd, dev, tu.cluster, st);
-    case 4: return dec_dispatch<4>(a, p, dd, dev, tu.cluster, st);
-    default: return dec_dispatch<3>(a, p, dd, dev, tu.cluster, st);
+    case 2: return dec_dispatch<2, false>(a, p, dd, dev, tu.cluster, st);
+    case 4: return dec_dispatch<4, false>(a, p, dd, dev, tu.cluster, st);
+    default: return dec_dispatch<3, false>(a, p, dd, dev, tu.cluster, st);
   }
 }
 
@@ -1088,11 +1255,19 @@ int decode_attention_cluster_capacity(const DecodeAttnArgs& args) {
   int dev = 0;
   if (device_info(dev, dd) != cudaSuccess) return 0;
   int stages = g_dec_tuning.stages;
+  if (stages == 0 && a.k_cache8) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 3 : 2;
   if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;
+  if (a.k_cache8) {
+    switch (stages) {
+      case 2: return dec_cluster_capacity<2, true>(a, dd, dev);
+      case 4: return dec_cluster_capacity<4, true>(a, dd, dev);
+      default: return dec_cluster_capacity<3, true>(a, dd, dev);
+    }
+  }
   switch (stages) {
-    case 2: return dec_cluster_capacity<2>(a, dd, dev);
-    case 4: return dec_cluster_capacity<4>(a, dd, dev);
-    default: return dec_cluster_capacity<3>(a, dd, dev);
+    case 2: return dec_cluster_capacity<2, false>(a, dd, dev);
+    case 4: return dec_cluster_capacity<4, false>(a, dd, dev);
+    default: return dec_cluster_capacity<3, false>(a, dd, dev);
   }
 }
 // Bytes at the start of every attention_decode workspace that hold the merge
@@ -1349,15 +1524,98 @@ __device__ __forceinline__ void pf_merge(const PrefillAttnArgs& a, const Prefill
   }
 }
 
+// The FP8 cache's 64-key tile as one thread of 128 holds it between its load
+// and its widening into shared memory (pf_f8_load / pf_f8_store): K bytes
+// 64 of key tid / 2 (dims 64 (tid & 1) ..), V rows of dims 4 (tid & 31) .. +3
+// over the 16 keys of the tile's block tid / 32, and their scales.
+struct PfF8Raw {
+  uint4 k[4], v[4];
+  float4 vs[4];
+  float ks;
+  int k_ok, v_cnt;  // the key is < k_end; keys of the V block < k_end
+};
+// Tile keys key0 .. key0 + 63 (gj: pf_tile_group in lanes 0..3): plain loads
+// into registers, issued a tile ahead of their use.
+__device__ __forceinline__ void pf_f8_load(const PrefillAttnArgs& a, int key0, int k_end, int gj, int tid,
+                                           PfF8Raw& r) {
+  const int key = tid >> 1, w = tid >> 5;
+  const int gk = __shfl_sync(0xffffffffu, gj, key >> 4);
+  const int gv = __shfl_sync(0xffffffffu, gj, w);
+  r.k_ok = key0 + key < k_end;
+  r.v_cnt = min(max(k_end - (key0 + 16 * w), 0), 16);
+  if (r.k_ok) {
+    const uint4* src = reinterpret_cast<const uint4*>(a.k_cache8 + (int64_t)gk * (16 * kPfD) + (key & 15) * kPfD +
+                                                      (tid & 1) * 64);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.k[i] = __ldg(src + i);
+    r.ks = __ldg(a.k_scale + (int64_t)gk * 16 + (key & 15));
+  }
+  if (r.v_cnt > 0) {
+    const uint4* src = reinterpret_cast<const uint4*>(a.v_cache8 + (int64_t)gv * (16 * kPfD) + (tid & 31) * 64);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.v[i] = __ldg(src + i);
+    const float4* sp = reinterpret_cast<const float4*>(a.v_scale + (int64_t)gv * 16);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.vs[i] = __ldg(sp + i);
+  }
+}
+// Widens a loaded tile (code * scale, BF16) into the stage at dst: K in
+// pf_chunk_off<true>'s layout, V transposed, [128 dims][64 keys] with the
+// 128-byte swizzle (the K-major B operand of O += P V). Keys from k_end: zeros.
+__device__ __forceinline__ void pf_f8_store(const PfF8Raw& r, uint32_t dst, int tid) {
+  const int key = tid >> 1, w = tid >> 5;
+  const uint32_t* kw = reinterpret_cast<const uint32_t*>(r.k);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // 16 dims: chunks 2cc, 2cc + 1 of 8 dims
+    const int cc = 4 * (tid & 1) + i;
+    uint32_t w8[8];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float4 f = e4m3x4_to_f32(kw[4 * i + h]);
+      w8[2 * h] = r.k_ok ? pack_bf16(f.x * r.ks, f.y * r.ks) : 0u;
+      w8[2 * h + 1] = r.k_ok ? pack_bf16(f.z * r.ks, f.w * r.ks) : 0u;
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + pf_chunk_off<true>(key, 2 * cc + c, kPfBN)),
+                   "r"(w8[4 * c]), "r"(w8[4 * c + 1]), "r"(w8[4 * c + 2]), "r"(w8[4 * c + 3])
+                   : "memory");
+  }
+  const float* vs = reinterpret_cast<const float*>(r.vs);
+  const uint32_t* vw = reinterpret_cast<const uint32_t*>(r.v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // dim d: keys 16w .. 16w + 15
+    const int d = 4 * (tid & 31) + i;
+    uint32_t w8[8];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const float4 f = e4m3x4_to_f32(vw[4 * i + h]);
+      const int k = 4 * h;
+      const float x0 = k < r.v_cnt ? f.x * vs[k] : 0.f, x1 = k + 1 < r.v_cnt ? f.y * vs[k + 1] : 0.f;
+      const float x2 = k + 2 < r.v_cnt ? f.z * vs[k + 2] : 0.f, x3 = k + 3 < r.v_cnt ? f.w * vs[k + 3] : 0.f;
+      w8[2 * h] = pack_bf16(x0, x1);
+      w8[2 * h + 1] = pack_bf16(x2, x3);
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const uint32_t off = kPfTileBytes + d * 128 + ((((2 * w + c) ^ (d & 7))) << 4);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(dst + off), "r"(w8[4 * c]), "r"(w8[4 * c + 1]),
+                   "r"(w8[4 * c + 2]), "r"(w8[4 * c + 3])
+                   : "memory");
+    }
+  }
+}
+
 // WG: the same flash loop on the wgmma tensor cores (sm_90a). MT = 1; each
 // warpgroup (4 warps) owns 64 rows: S = Q K^T as 8 m64n64k16 with Q and K
 // from shared memory, the mask and online softmax on the accumulators (the
 // same per-warp layout as the mma.sync tiles, so the same code), O += P V as 4
 // m64n128k16 with P from registers and V read transposed (MN-major) from the
 // same tiles. A warpgroup skips a tile only when all its 64 rows do.
-template <int MT, int NW, int S, bool WG>
+template <int MT, int NW, int S, bool WG, bool F8>
 __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArgs a) {
   static_assert(S >= 2 && S <= 4, "pipeline depth");
+  static_assert(!F8 || (WG && NW == 4 && S == 2), "the FP8 cache: one warpgroup of 64 rows, two stages");
   static_assert(!WG || (MT == 1 && (NW == 4 || NW == 8)), "wgmma kernel: warpgroups of 64 rows");
 #if !defined(GLMK_HAS_WGMMA)
   if constexpr (WG) {
@@ -1401,10 +1659,17 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
     pf_copy_tile<NT, WG>(kc, vc, k_begin + kPfBN * j, k_end, kv_s + stage * kPfStageBytes, gj, tid);
   };
 
+  // F8: tile j is loaded into registers during tile j-1 and widened into
+  // stage j % 2 at the top of iteration j (that stage was last read at j-2).
+  PfF8Raw raw;
+  if constexpr (F8) {
+    if (n_tiles > 0) pf_f8_load(a, k_begin, k_end, tile_groups(0), tid, raw);
+  } else {
 #pragma unroll
-  for (int s = 0; s < S - 1; ++s) {  // tiles 0 .. S-2
-    if (s < n_tiles) issue(s, s, tile_groups(s));
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    for (int s = 0; s < S - 1; ++s) {  // tiles 0 .. S-2
+      if (s < n_tiles) issue(s, s, tile_groups(s));
+      asm volatile("cp.async.commit_group;" ::: "memory");
+    }
   }
   int gnext = tile_groups(S - 1);  // the next tile to issue
 
@@ -1436,12 +1701,18 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
   }
 
   for (int j = 0; j < n_tiles; ++j) {
+    if constexpr (F8) pf_f8_store(raw, kv_s + (j % S) * kPfStageBytes, tid);
     cp_async_wait<S - 2>();  // tile j has landed (this thread's copies)
 #if defined(GLMK_HAS_WGMMA)
     if constexpr (WG) fence_proxy_async();  // the copies (and Q) are read next by the tensor cores
 #endif
     __syncthreads();         // ... and every thread's (and Q); stage (j-1) % S is free
-    {
+    if constexpr (F8) {
+      if (j + 1 < n_tiles) {
+        pf_f8_load(a, k_begin + kPfBN * (j + 1), k_end, gnext, tid, raw);
+        gnext = tile_groups(j + 2);
+      }
+    } else {
       const int jn = j + S - 1;
       if (jn < n_tiles) {
         issue(jn, jn % S, gnext);
@@ -1549,9 +1820,14 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
       // V tile half h (dims 64h..) is [64 keys][128 bytes]: MN-major with the
       // two 64-dim atoms kPfBN * 128 bytes apart; k step kk = keys 16kk.. =
       // two 8-key groups of 1024 bytes.
+      if constexpr (F8) {  // V transposed, [128 dims][64 keys]: K-major, k step kk = bytes 32kk..
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n128k16_bf16_rs_tb(o[0], pa[kk], wgmma_desc_mn(kb + kPfTileBytes + kk * 2048, kPfBN * 128));
+        for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_bf16_rs(o[0], pa[kk], wgmma_desc(kb + kPfTileBytes + kk * 32));
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n128k16_bf16_rs_tb(o[0], pa[kk], wgmma_desc_mn(kb + kPfTileBytes + kk * 2048, kPfBN * 128));
+      }
       wgmma_commit();
       wgmma_wait<0>();
 #endif
@@ -1628,7 +1904,7 @@ __global__ void __launch_bounds__(NW * 32, 2) prefill_attn_kernel(PrefillAttnArg
 // flight (wait_group 1), and O is rescaled once PV(j) has landed. The same
 // masks, online softmax (operation for operation), output and split merge as
 // prefill_attn_kernel<1, 8, S, true>.
-template <int S>
+template <int S, bool F8>
 __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs a) {
 #if defined(GLMK_HAS_WGMMA)
   constexpr int ROWS = 128, NT = 384, PT = 128;  // rows, threads, producer threads
@@ -1674,15 +1950,33 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
     const int* bt = a.block_tables + a.seq_bt_offset[it.seq];
     auto tile_groups = [&](int j) { return pf_tile_group(bt, k_begin, k_end, bs, n_kv, kvh, j, lane); };
     int gj = tile_groups(0);
-    for (int j = 0; j < n_tiles; ++j) {
-      const int stage = j % S;
-      mbar_wait(bar_empty + 8 * stage, ((j / S) & 1) ^ 1);
-      pf_copy_tile<PT, true>(a.k_cache, a.v_cache, k_begin + kPfBN * j, k_end, kv_s + stage * kPfStageBytes, gj,
-                             tid);
-      cp_async_mbar_arrive(bar_full + 8 * stage);
-      if (j + 1 < n_tiles) gj = tile_groups(j + 1);
+    if constexpr (F8) {
+      // The FP8 cache: tile j + 1's codes load into registers while the
+      // producer waits for a free stage; each tile is widened into its stage
+      // by plain stores (pf_f8_store), made visible to the tensor cores, then
+      // the stage's arrival.
+      PfF8Raw raw;
+      if (n_tiles > 0) pf_f8_load(a, k_begin, k_end, gj, tid, raw);
+      for (int j = 0; j < n_tiles; ++j) {
+        const int stage = j % S;
+        if (j + 1 < n_tiles) gj = tile_groups(j + 1);
+        mbar_wait(bar_empty + 8 * stage, ((j / S) & 1) ^ 1);
+        pf_f8_store(raw, kv_s + stage * kPfStageBytes, tid);
+        fence_proxy_async();
+        mbar_arrive(bar_full + 8 * stage);
+        if (j + 1 < n_tiles) pf_f8_load(a, k_begin + kPfBN * (j + 1), k_end, gj, tid, raw);
+      }
+    } else {
+      for (int j = 0; j < n_tiles; ++j) {
+        const int stage = j % S;
+        mbar_wait(bar_empty + 8 * stage, ((j / S) & 1) ^ 1);
+        pf_copy_tile<PT, true>(a.k_cache, a.v_cache, k_begin + kPfBN * j, k_end, kv_s + stage * kPfStageBytes, gj,
+                               tid);
+        cp_async_mbar_arrive(bar_full + 8 * stage);
+        if (j + 1 < n_tiles) gj = tile_groups(j + 1);
+      }
+      cp_async_wait<0>();
     }
-    cp_async_wait<0>();
   } else {
     // ---- consumers: warpgroup wg - 1 owns rows 64 (wg - 1) ..
     const int cw = warp - 4;
@@ -1717,9 +2011,14 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
     };
     auto issue_pv = [&](int j) {
       const uint32_t kb = kv_s + (j % S) * kPfStageBytes;
+      if constexpr (F8) {  // V transposed (pf_f8_store): K-major
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_m64n128k16_bf16_rs_tb(o, pa[kk], wgmma_desc_mn(kb + kPfTileBytes + kk * 2048, kPfBN * 128));
+        for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_bf16_rs(o, pa[kk], wgmma_desc(kb + kPfTileBytes + kk * 32));
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+          wgmma_m64n128k16_bf16_rs_tb(o, pa[kk], wgmma_desc_mn(kb + kPfTileBytes + kk * 2048, kPfBN * 128));
+      }
       wgmma_commit();
     };
     // Mask and softmax of tile j's S (in sc): p in sc, m updated; returns
@@ -1865,7 +2164,7 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
 #endif
 }
 
-template <int S>
+template <int S, bool F8 = false>
 cudaError_t pf_ws_launch(const PrefillAttnArgs& a, cudaStream_t st) {
   constexpr int smem = 1024 + 128 * 256 + S * kPfStageBytes + 128 * 4 + 16 * 4 + 4 + 8 + 16 * S;
   static std::atomic<unsigned long long> done{0};
@@ -1874,16 +2173,16 @@ cudaError_t pf_ws_launch(const PrefillAttnArgs& a, cudaStream_t st) {
   if (e != cudaSuccess) return e;
   const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
   if (!bit || !(done.load(std::memory_order_relaxed) & bit)) {
-    e = cudaFuncSetAttribute(prefill_attn_ws_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    e = cudaFuncSetAttribute(prefill_attn_ws_kernel<S, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     done.fetch_or(bit, std::memory_order_relaxed);
   }
-  prefill_attn_ws_kernel<S><<<dim3(a.n_items, a.n_kv_heads), 384, smem, st>>>(a);
+  prefill_attn_ws_kernel<S, F8><<<dim3(a.n_items, a.n_kv_heads), 384, smem, st>>>(a);
   return cudaGetLastError();
 }
 
 // cudaFuncSetAttribute once per device and kernel instantiation.
-template <int MT, int NW, int S, bool WG>
+template <int MT, int NW, int S, bool WG, bool F8>
 cudaError_t pf_prepare(int smem) {
   static std::atomic<unsigned long long> done{0};
   int dev = 0;
@@ -1891,23 +2190,23 @@ cudaError_t pf_prepare(int smem) {
   if (e != cudaSuccess) return e;
   const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S, WG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S, WG, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S, WG>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  e = cudaFuncSetAttribute(prefill_attn_kernel<MT, NW, S, WG, F8>, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   done.fetch_or(bit, std::memory_order_relaxed);
   return cudaSuccess;
 }
 
-template <int MT, int NW, int S, bool WG = false>
+template <int MT, int NW, int S, bool WG = false, bool F8 = false>
 cudaError_t pf_launch(const PrefillAttnArgs& a, cudaStream_t st) {
   constexpr int rows = 16 * MT * NW;
   // The kernel's layout (WG: a 1024-byte aligned base).
   constexpr int smem = (WG ? 1024 : 256) + rows * 256 + S * kPfStageBytes + rows * 4 + 2 * NW * 4 + 16;
-  cudaError_t e = pf_prepare<MT, NW, S, WG>(smem);
+  cudaError_t e = pf_prepare<MT, NW, S, WG, F8>(smem);
   if (e != cudaSuccess) return e;
-  prefill_attn_kernel<MT, NW, S, WG><<<dim3(a.n_items, a.n_kv_heads), NW * 32, smem, st>>>(a);
+  prefill_attn_kernel<MT, NW, S, WG, F8><<<dim3(a.n_items, a.n_kv_heads), NW * 32, smem, st>>>(a);
   return cudaGetLastError();
 }
 
@@ -1948,8 +2247,8 @@ bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, in
   // TTFT with the ws kernel's rule at 1 against 4 CTAs an SM: 2,048 tokens
   // 50.8 -> 49.8 ms, 4,096 (two 2k chunks) 109.5 -> 105.5, 1,024 unchanged
   // (at 0.5: 1,024 36.9 -> 37.6).
-  int R = tu.rows == 64 ? 64 : 128;
-  if (tu.rows != 64 && tu.rows != 128) {
+  int R = plan->rows_in == 64 || plan->rows_in == 128 ? plan->rows_in : tu.rows == 64 ? 64 : 128;
+  if (plan->rows_in != 64 && plan->rows_in != 128 && tu.rows != 64 && tu.rows != 128) {
     long long n128 = 0, tiles128 = 0;
     for (int s = 0; s < n_seqs; ++s) {
       const AttnSeqDesc& d = seqs[s];
@@ -2057,14 +2356,24 @@ cudaError_t attention_prefill(const PrefillAttnArgs& a, cudaStream_t st) {
   if (a.rows != 64 && a.rows != 128) return cudaErrorInvalidValue;
   if (a.n_items < 0 || a.n_parts < 0) return cudaErrorInvalidValue;
   if (a.n_items == 0) return cudaSuccess;
-  if (!a.q || !a.k_cache || !a.v_cache || !a.positions || !a.seq_bt_offset || !a.block_tables || !a.items ||
-      !a.out)
+  const bool f8 = a.k_cache8 != nullptr;
+  if (f8 ? (!a.v_cache8 || !a.k_scale || !a.v_scale || a.k_cache || a.v_cache || a.block_size != kKvFp8BlockSize)
+         : (!a.k_cache || !a.v_cache))
     return cudaErrorInvalidValue;
+  if (!a.q || !a.positions || !a.seq_bt_offset || !a.block_tables || !a.items || !a.out) return cudaErrorInvalidValue;
   if (a.n_parts > 0 && !a.workspace) return cudaErrorInvalidValue;
   int dev = 0;
   DeviceInfo di;
   const cudaError_t e = device_info(dev, di);
   if (e != cudaSuccess) return e;
+  // The FP8 cache (sm_90): tiles widened to BF16 in shared memory, 128-row
+  // items on the warp-specialized kernel (its producer warpgroup widens),
+  // 64-row items on the wgmma kernel (two stages, a tile's codes loaded into
+  // registers one tile ahead).
+  if (f8) {
+    if (di.major != 9) return cudaErrorInvalidValue;
+    return a.rows == 128 ? pf_ws_launch<3, true>(a, st) : pf_launch<1, 4, 2, true, true>(a, st);
+  }
   // The mma.sync and wgmma kernels' K/V ring (the ws kernel: its own): the
   // hook's 2 or 3, by default 3 for the wgmma kernel's 64-row items on sm_90
   // (short prompts: H200, 2026-11-29, launches timed back to back, a 1,024-token

@@ -220,6 +220,33 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// D += A(16x16 f16, row) * B(16x8 f16, col), FP32 accumulate (the FP8 KV
+// cache's attention: e4m3 widens to f16 exactly).
+__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two e4m3 codes (low byte first) -> f16x2 (low half first), exact (sm_89+).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t two) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo;\ncvt.u16.u32 lo, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(r) : "r"(two));
+  return r;
+}
+// Two floats -> f16x2 (low half first), round to nearest.
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+// Four e4m3 codes (low byte first) -> floats, exact.
+__device__ __forceinline__ float4 e4m3x4_to_f32(uint32_t four) {
+  const uint32_t lo = e4m3x2_to_f16x2(four), hi = e4m3x2_to_f16x2(four >> 16);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&lo));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
 // One head of 128 dims held by a warp, lane l dims 4l..4l+3 (norm_rope.cu's
 // rope kernel, attn_layer.cu): RMSNorm with weight w (this lane's 4), then
 // rotate_half RoPE of the first 2 * half dims with the angles' cos / sin in
@@ -261,11 +288,9 @@ __device__ __forceinline__ float4 head_rope(float4 v, int lane, int half, const 
 // attn_layer.cu), after S = Q K^T: the thread holds keys 2t, 2t+1 (s0) and
 // 8+2t, 9+2t (s1) of rows g ([0], [1]) and g+8 ([2], [3]) in log2 units; keys
 // from `valid` on get -inf. Updates the rows' running max (m0, m1) and sum
-// (l0, l1: this thread's columns), rescales O, and returns P in BF16 as the
-// A fragment of O += P V.
-__device__ __forceinline__ void attn_block_softmax(float (&s0)[4], float (&s1)[4], int valid, int t, float& m0,
-                                                   float& m1, float& l0, float& l1, float (&o)[16][4],
-                                                   uint32_t (&pa)[4]) {
+// (l0, l1: this thread's columns), rescales O, and leaves P in s0 / s1.
+__device__ __forceinline__ void attn_block_softmax_p(float (&s0)[4], float (&s1)[4], int valid, int t, float& m0,
+                                                     float& m1, float& l0, float& l1, float (&o)[16][4]) {
   if (valid < 16) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -301,6 +326,12 @@ __device__ __forceinline__ void attn_block_softmax(float (&s0)[4], float (&s1)[4
     o[nd][2] *= al1;
     o[nd][3] *= al1;
   }
+}
+// attn_block_softmax_p, then P packed as the bf16 A fragment of O += P V.
+__device__ __forceinline__ void attn_block_softmax(float (&s0)[4], float (&s1)[4], int valid, int t, float& m0,
+                                                   float& m1, float& l0, float& l1, float (&o)[16][4],
+                                                   uint32_t (&pa)[4]) {
+  attn_block_softmax_p(s0, s1, valid, t, m0, m1, l0, l1, o);
   pa[0] = pack_bf16(s0[0], s0[1]);
   pa[1] = pack_bf16(s0[2], s0[3]);
   pa[2] = pack_bf16(s1[0], s1[1]);

@@ -118,7 +118,17 @@ struct QkRopeArgs {
   // in slice order. Not with x_scale. 1: one qkv.
   int qkv_splits = 1;
   int64_t qkv_split_stride = 0;
+  // The FP8 KV cache (kv_fp8 = 1; block_size 16; not with kv_f32): k_cache and
+  // v_cache hold e4m3 codes, K as [block][kvh][16 keys][128 dims] and V
+  // transposed within a block, [block][kvh][128 dims][16 keys] (the decode
+  // kernel's PV operand reads rows of one dim over 16 keys); every (token, KV
+  // head) row has its own FP32 scale, amax / 448 (at least 2^-24 so zero rows
+  // stay finite), in k_scale / v_scale [block][kvh][16]: value = code * scale.
+  int kv_fp8 = 0;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
 };
+constexpr int kKvFp8BlockSize = 16;  // the FP8 cache's block size (one decode tile)
 cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st);
 
 // ------------------------------------------------------------ attention.cu
@@ -227,6 +237,13 @@ struct PrefillAttnArgs {
   int rows = 0;                            // plan.rows
   int n_parts = 0;                         // plan.n_parts (> 0: the items include split pieces)
   float* out = nullptr;                    // [T, n_q_heads * 128] FP32 (only the items' rows written)
+  // The FP8 cache (QkRopeArgs::kv_fp8's layout), instead of k_cache / v_cache:
+  // sm_90 only; the tiles are widened to BF16 (code * scale) in shared memory
+  // (128-row items: by the warp-specialized kernel's producer warpgroup).
+  const uint8_t* k_cache8 = nullptr;
+  const uint8_t* v_cache8 = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   void* workspace = nullptr;               // attention_prefill_workspace_bytes(plan.max_parts,
                                            // n_kv_heads) bytes, zeroed once after allocation;
                                            // each launch leaves it reusable. Unused without splits.
@@ -260,6 +277,7 @@ struct PrefillPlan {
   int max_parts = 0;
   int n_items = 0, n_parts = 0, n_merges = 0;  // out
   int rows = 0;                                // out: rows per item (PrefillAttnArgs::rows)
+  int rows_in = 0;  // in: 64 or 128 forces that item height (tests); 0: the policy's
 };
 bool plan_prefill(const AttnSeqDesc* seqs, int n_seqs, int G, int n_kv_heads, int num_sms,
                   PrefillPlan* plan, const char** why, const int* seq_index = nullptr);
@@ -302,6 +320,13 @@ struct DecodeAttnArgs {
   float* out_scale = nullptr;              // [rows]
   void* workspace = nullptr;               // decode_attention_workspace_bytes(...) bytes, zeroed
                                            // once after allocation; each launch leaves it reusable
+  // The FP8 cache (QkRopeArgs::kv_fp8's layout; block_size 16), instead of
+  // k_cache / v_cache: e4m3 widened to f16 in registers, f16 mma, the K scales
+  // applied to the scores and the V scales to P (sm_89+).
+  const uint8_t* k_cache8 = nullptr;
+  const uint8_t* v_cache8 = nullptr;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
   // 1: launched with programmatic dependent launch. The CTAs then start while
   // the previous kernel runs (it must trigger its dependents early) and read
   // the metadata and block tables and prefetch their first KV tiles into L2
@@ -316,7 +341,8 @@ struct DecodeAttnArgs {
 // Split policy (host): the most CTAs per (sequence, KV head) for a batch of
 // n_seqs on num_sms multiprocessors. Independent of context lengths, which the
 // kernel reads on the device (short contexts use fewer of the splits).
-int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms);
+// kv_fp8: the policy for the FP8 cache (twice the CTAs).
+int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms, bool kv_fp8 = false);
 size_t decode_attention_workspace_bytes(int n_seqs, int n_q_heads, int n_kv_heads, int max_splits);
 // cudaErrorInvalidValue for shapes it does not take (block_size % 16, G > kDecodeMaxGroup,
 // out_q with n_kv_heads != 1, ...): the caller then uses attention_paged.

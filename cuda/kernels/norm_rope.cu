@@ -371,6 +371,7 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(Combi
 // each sincosf once (rot/2 of them) into shared memory instead of once per head
 // and dim pair (the same call on the same argument: identical values).
 constexpr int kRopeMaxWarps = 16;
+constexpr float kKvFp8MinScale = 5.9604645e-8f;  // 2^-24: an all-zero row keeps a finite scale
 constexpr int kRopeMaxHalf = 64;  // rot_dim <= 128
 
 // Lane lane's four values of KV head kvh's K (is_k) or V row into the paged
@@ -379,6 +380,23 @@ __device__ __forceinline__ void rope_store_kv(const QkRopeArgs& a, bool is_k, in
                                               float4 v) {
   const int64_t elem = (((int64_t)blk * a.n_kv_heads + kvh) * a.block_size + off) * 128 + lane * 4;
   void* cache = is_k ? a.k_cache : a.v_cache;
+  if (a.kv_fp8) {  // whole warp: the row's scale from its amax (QkRopeArgs::kv_fp8)
+    float am = absmax4(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+    const float s = fmaxf(am / 448.0f, kKvFp8MinScale);
+    const uint32_t codes = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
+    const int64_t bh = (int64_t)blk * a.n_kv_heads + kvh;  // block-head (16 tokens)
+    uint8_t* c8 = static_cast<uint8_t*>(cache) + bh * (kKvFp8BlockSize * 128);
+    if (is_k) {
+      reinterpret_cast<uint32_t*>(c8 + off * 128)[lane] = codes;
+    } else {  // transposed: dim d at byte d * 16 + off
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c8[(lane * 4 + i) * kKvFp8BlockSize + off] = (uint8_t)(codes >> (8 * i));
+    }
+    if (lane == 0) (is_k ? a.k_scale : a.v_scale)[bh * kKvFp8BlockSize + off] = s;
+    return;
+  }
   if (a.kv_f32) {
     *reinterpret_cast<float4*>(static_cast<float*>(cache) + elem) = v;
   } else {
@@ -642,6 +660,8 @@ cudaError_t combine_add_rmsnorm(const __nv_bfloat16* y, const int* inv, const fl
 cudaError_t qk_norm_rope_kv_write(const QkRopeArgs& a, cudaStream_t st) {
   if (a.T <= 0) return cudaSuccess;
   if (a.head_dim != 128 || a.rot_dim % 8 != 0 || a.rot_dim > 128 || a.rot_dim < 8)
+    return cudaErrorInvalidValue;
+  if (a.kv_fp8 && (a.kv_f32 || a.block_size != kKvFp8BlockSize || !a.k_scale || !a.v_scale))
     return cudaErrorInvalidValue;
   const int64_t row_floats = (int64_t)(a.n_q_heads + 2 * a.n_kv_heads) * 128;
   if (a.qkv_splits < 1 || (a.qkv_splits > 1 && (a.x_scale || a.qkv_split_stride < (int64_t)a.T * row_floats ||

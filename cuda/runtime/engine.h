@@ -72,6 +72,8 @@ struct LayerDev {
   uint8_t *e_gu = nullptr, *e_down = nullptr;  // [G][2*MI][H], [G][H][MI]
   float *e_gu_scale = nullptr, *e_down_scale = nullptr;
   void *k_cache = nullptr, *v_cache = nullptr;  // [blocks][nkv_l][bs][D], BF16 (FP32 if f32kv)
+  // kv8: e4m3 codes (glmk::QkRopeArgs::kv_fp8's layout) and their scales [blocks][nkv_l][16]
+  float *k_scale = nullptr, *v_scale = nullptr;
 };
 
 struct Rank {
@@ -243,6 +245,7 @@ struct Engine {
   bool finalized = false;
   bool exact = false;  // options.exact_activations
   bool f32kv = false;  // options.fp32_cache_and_head
+  bool kv8 = false;    // options.kv_cache_dtype == GLMRT_KV_FP8_E4M3
   std::string device_name;
 
   // Host side of the step: pinned metadata staging and results.

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <cuda_fp8.h>
+
 #include "engine.h"
 
 namespace glmrt {
@@ -77,7 +79,7 @@ int check_config(Engine& e) {
   REQ(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= 1,
       "config: num_nextn_predict_layers %d must be 0 or 1", c.num_nextn_predict_layers);
 
-  for (int i = 0; i < 3; ++i)
+  for (int i = 0; i < 2; ++i)
     REQ(o.reserved[i] == 0, "options: reserved[%d] must be zero", i);
   REQ(o.disable_graphs == 0 || o.disable_graphs == 1, "options: disable_graphs %d must be 0 or 1",
       o.disable_graphs);
@@ -106,6 +108,19 @@ int check_config(Engine& e) {
   REQ(e.block_size >= 1 && e.block_size <= 1024, "options: kv_block_size %d must be in 1..1024",
       e.block_size);
   REQ(o.num_kv_blocks >= 0, "options: num_kv_blocks %d must be >= 0", o.num_kv_blocks);
+  REQ(o.kv_cache_dtype == GLMRT_KV_AUTO || o.kv_cache_dtype == GLMRT_KV_FP8_E4M3,
+      "options: kv_cache_dtype %d must be %d (auto: BF16) or %d (FP8 e4m3)", o.kv_cache_dtype, GLMRT_KV_AUTO,
+      GLMRT_KV_FP8_E4M3);
+  e.kv8 = o.kv_cache_dtype == GLMRT_KV_FP8_E4M3;
+  if (e.kv8) {
+    REQ(!e.exact && !e.f32kv,
+        "options: kv_cache_dtype FP8 needs the real path (exact_activations and fp32_cache_and_head 0)");
+    REQ(e.block_size == glmk::kKvFp8BlockSize, "options: kv_cache_dtype FP8 needs kv_block_size %d, not %d",
+        glmk::kKvFp8BlockSize, e.block_size);
+    REQ(c.head_dim == 128 && c.num_attention_heads / c.num_key_value_heads <= glmk::kDecodeMaxGroup,
+        "options: kv_cache_dtype FP8 needs head_dim 128 (not %d) and at most %d query heads per KV head (not %d)",
+        c.head_dim, glmk::kDecodeMaxGroup, c.num_attention_heads / c.num_key_value_heads);
+  }
   REQ(o.memory_budget_bytes >= 0, "options: memory_budget_bytes must be >= 0");
   e.max_tokens = o.max_tokens_per_step == 0 ? 8192 : o.max_tokens_per_step;
   REQ(e.max_tokens >= 1 && e.max_tokens <= 65536,
@@ -344,7 +359,7 @@ int alloc_workspaces(Engine& e, Rank& r) {
   // falls as the batch grows).
   if (e.dec_ws_bytes == 0) {
     for (int n = 1; n <= e.max_logit_rows; ++n) {  // decode entries: sequences, or verify rows
-      const int sp = glmk::decode_attention_splits(n, d.nkv_l, r.num_sms);
+      const int sp = glmk::decode_attention_splits(n, d.nkv_l, r.num_sms, e.kv8);
       e.dec_ws_bytes = std::max(e.dec_ws_bytes,
                                 glmk::decode_attention_workspace_bytes(n, d.nq_l, d.nkv_l, sp));
     }
@@ -366,7 +381,7 @@ int alloc_workspaces(Engine& e, Rank& r) {
     }
   }
   // The one-token attention half (attn_layer_t1): BF16 cache, head_dim 128.
-  if (!e.f32kv && d.D == 128 && glmk::attn_layer_t1_supported(d.H, d.nq_l, d.nkv_l, d.rot)) {
+  if (!e.f32kv && !e.kv8 && d.D == 128 && glmk::attn_layer_t1_supported(d.H, d.nq_l, d.nkv_l, d.rot)) {
     const size_t b = glmk::attn_layer_t1_workspace_bytes(d.nq_l, d.nkv_l, r.num_sms);
     GLMRT_TRY(A((unsigned char**)&r.attn_t1_ws, b, "one-token attention layer workspace"));
     GLMRT_CUDA(cudaMemset(r.attn_t1_ws, 0, b), "zero the one-token attention layer workspace");
@@ -388,6 +403,20 @@ int alloc_workspaces(Engine& e, Rank& r) {
   r.lt.workspace_bytes = 32u << 20;
   GLMRT_TRY(A((unsigned char**)&r.lt.workspace, r.lt.workspace_bytes, "cuBLASLt workspace"));
   return GLMRT_OK;
+}
+
+// The FP8 cache's form of fill_kv_kernel: n codes of values in [-1, 1) at
+// scale 1/448 and n_scales scales of 1/448 (the pool's codes, then its scales).
+__global__ void fill_kv_fp8_kernel(uint8_t* codes, size_t n, float* scales, size_t n_scales, uint64_t seed) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+    uint64_t z = seed + 0x9E3779B97F4A7C15ull * (i + 1);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    const float v = (float)(int32_t)(z >> 40 & 0xFFFFFF) / 8388608.0f - 1.0f;
+    codes[i] = (uint8_t)__nv_cvt_float_to_fp8(v * 448.0f, __NV_SATFINITE, __NV_E4M3);
+    if (i < n_scales) scales[i] = 1.0f / 448.0f;
+  }
 }
 
 // Random finite KV values in [-1, 1) (BF16 or FP32 elements).
@@ -412,8 +441,16 @@ int fill_kv_random(Engine& e, uint64_t seed) {
     if (r.layers.empty()) continue;
     GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
     const size_t n = (size_t)r.kv_bytes / elems;
-    fill_kv_kernel<<<4 * r.num_sms, 256, 0, r.stream>>>(r.layers[0].k_cache, n, e.f32kv ? 1 : 0,
-                                                         seed ^ 0x4B56ull);
+    if (e.kv8) {
+      // Codes of values in [-1, 1) at scale 1/448, every scale 1/448.
+      const size_t codes = (size_t)r.layers.size() * 2 * e.num_blocks * e.d.nkv_l * e.block_size * e.d.D;
+      fill_kv_fp8_kernel<<<4 * r.num_sms, 256, 0, r.stream>>>(static_cast<uint8_t*>(r.layers[0].k_cache), codes,
+                                                              r.layers[0].k_scale, codes / e.d.D,
+                                                              seed ^ 0x4B56ull);
+    } else {
+      fill_kv_kernel<<<4 * r.num_sms, 256, 0, r.stream>>>(r.layers[0].k_cache, n, e.f32kv ? 1 : 0,
+                                                           seed ^ 0x4B56ull);
+    }
     GLMRT_CUDA(cudaGetLastError(), "fill the KV cache");
     GLMRT_CUDA(cudaStreamSynchronize(r.stream), "fill the KV cache: synchronize");
   }
@@ -471,9 +508,11 @@ int create_engine(Engine& e) {
     GLMRT_TRY(alloc_workspaces(e, r));
   }
   // KV pool: the same number of blocks on every GPU.
-  const size_t kv_elem = e.f32kv ? sizeof(float) : sizeof(__nv_bfloat16);
+  const size_t kv_elem = e.kv8 ? 1 : e.f32kv ? sizeof(float) : sizeof(__nv_bfloat16);
   const int kv_layers = (int)e.ranks[0].layers.size();  // + the MTP layer's when drafting
-  const size_t per_block = (size_t)kv_layers * 2 * e.d.nkv_l * e.block_size * e.d.D * kv_elem;
+  // FP8: each token's K and V rows of a KV head also have a 4-byte scale.
+  const size_t row_bytes = e.d.D * kv_elem + (e.kv8 ? sizeof(float) : 0);
+  const size_t per_block = (size_t)kv_layers * 2 * e.d.nkv_l * e.block_size * row_bytes;
   int64_t blocks = e.opt.num_kv_blocks;
   if (blocks == 0) {
     for (Rank& r : e.ranks) {
@@ -507,6 +546,17 @@ int create_engine(Engine& e) {
     for (int l = 0; l < kv_layers; ++l) {
       r.layers[l].k_cache = pool + (2 * l) * layer_bytes;
       r.layers[l].v_cache = pool + (2 * l + 1) * layer_bytes;
+    }
+    if (e.kv8) {  // the scales after every layer's codes (16-byte aligned: 16 floats a block-head)
+      float* sc = reinterpret_cast<float*>(pool + 2 * (size_t)kv_layers * layer_bytes);
+      const size_t layer_scales = (size_t)e.num_blocks * e.d.nkv_l * e.block_size;
+      for (int l = 0; l < kv_layers; ++l) {
+        r.layers[l].k_scale = sc + (2 * l) * layer_scales;
+        r.layers[l].v_scale = sc + (2 * l + 1) * layer_scales;
+      }
+      // Zero codes and scales: a slot never written reads as 0 (fill_kv_random
+      // may replace them).
+      GLMRT_CUDA(cudaMemset(pool, 0, per_block * e.num_blocks), "zero the FP8 KV cache");
     }
   }
   if (e.tp > 1) {

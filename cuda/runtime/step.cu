@@ -362,7 +362,7 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   }
   *at<int>(H, L.n_valid) = m.T;
   m.dec_splits = m.n_dec > 0 ? glmk::decode_attention_splits(bucket_rows(e, m.n_dec), e.d.nkv_l,
-                                                            e.ranks[0].num_sms)
+                                                            e.ranks[0].num_sms, e.kv8)
                              : 1;
   // The decode kernel writes the FP8 attention output itself when it covers
   // every row and a token's heads all sit under one KV head.
@@ -896,7 +896,7 @@ bool combine_feeds_norm(const Engine& e, int l) {
 // launch (q|k|v, q/k norm + RoPE + the KV write, attention, o_proj; kernels.h):
 // one decoding token on the FP8 path. At batch 1 those were four launches.
 bool attn_one_launch(const Engine& e, const Rank& r, const Meta& m) {
-  return r.attn_t1_ws && !e.exact && !e.f32kv && m.rows == 1 && m.policy_rows == 1 && m.n_dec == 1 &&
+  return r.attn_t1_ws && !e.exact && !e.f32kv && !e.kv8 && m.rows == 1 && m.policy_rows == 1 && m.n_dec == 1 &&
          m.n_items == 0;
 }
 
@@ -974,6 +974,9 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   q.k_cache = L.k_cache;
   q.v_cache = L.v_cache;
   q.kv_f32 = e.f32kv;
+  q.kv_fp8 = e.kv8;
+  q.k_scale = L.k_scale;
+  q.v_scale = L.v_scale;
   if (qkv_raw) {
     q.x_scale = r.xs;
     q.w_scale = L.qkv_scale;
@@ -985,8 +988,15 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (m.n_dec > 0) {
     glmk::DecodeAttnArgs a;
     a.q = r.q;
-    a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
-    a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
+    if (e.kv8) {
+      a.k_cache8 = static_cast<const uint8_t*>(L.k_cache);
+      a.v_cache8 = static_cast<const uint8_t*>(L.v_cache);
+      a.k_scale = L.k_scale;
+      a.v_scale = L.v_scale;
+    } else {
+      a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
+      a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
+    }
     a.block_size = e.block_size;
     a.n_q_heads = d.nq_l;
     a.n_kv_heads = d.nkv_l;
@@ -1021,8 +1031,15 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (m.n_items > 0 && e.prefill_tc) {
     glmk::PrefillAttnArgs a;
     a.q = r.q;
-    a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
-    a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
+    if (e.kv8) {
+      a.k_cache8 = static_cast<const uint8_t*>(L.k_cache);
+      a.v_cache8 = static_cast<const uint8_t*>(L.v_cache);
+      a.k_scale = L.k_scale;
+      a.v_scale = L.v_scale;
+    } else {
+      a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
+      a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
+    }
     a.block_size = e.block_size;
     a.n_q_heads = d.nq_l;
     a.n_kv_heads = d.nkv_l;
@@ -1616,7 +1633,7 @@ int chain_forward(Engine& e, Rank& r, const Meta& m, int R, int P) {
   c.policy_rows = bucket_rows(e, R);
   c.graph = true;  // padded: the router reads the real count (n_spec)
   c.n_dec = R;
-  c.dec_splits = glmk::decode_attention_splits(c.policy_rows, d.nkv_l, r.num_sms);
+  c.dec_splits = glmk::decode_attention_splits(c.policy_rows, d.nkv_l, r.num_sms, e.kv8);
   c.dec_quant = d.nkv_l == 1;
   glmk::ChainRows cr{at<int>(M, ML.chain_pos), at<int>(M, ML.chain_slot), at<int>(M, ML.chain_dq),
                      at<int>(M, ML.chain_dc),  at<int>(M, ML.chain_db),   at<int>(M, ML.chain_tok)};
@@ -1741,8 +1758,9 @@ int capture(Engine& e, const Meta& m, StepGraph& g) {
 void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out) {
   const Dims& d = e.d;
   const int64_t T = m.rows, H = d.H;
-  const int64_t kv_elem = e.f32kv ? 4 : 2;
   for (int f = 0; f < GLMRT_PROF_N; ++f) out[f] = 0;
+  // Bytes of one cached K or V row of a KV head (FP8: the codes and their scale).
+  const int64_t kv_row = e.kv8 ? d.D + 4 : (int64_t)d.D * (e.f32kv ? 4 : 2);
   const int64_t act_q = e.exact ? 4 : 1;  // FP8 or FP32 linear inputs
   out[GLMRT_PROF_EMBED] = T * H * (2 + 4);
   for (int l = 0; l < d.L; ++l) {
@@ -1753,12 +1771,12 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
       // One launch: the weights, the KV read and the new token's write, the
       // input row and the delta row; no intermediate rows through memory.
       out[GLMRT_PROF_ATTN_LAYER] += (int64_t)d.qkv_rows * H + d.qkv_rows * 8 + H * (int64_t)d.nq_l * d.D +
-                                    H * 4 + m.kv_read_tokens * d.nkv_l * d.D * 2 * kv_elem +
-                                    2 * d.nkv_l * d.D * kv_elem + H * act_q + H * 4;
+                                    H * 4 + m.kv_read_tokens * d.nkv_l * 2 * kv_row +
+                                    2 * d.nkv_l * kv_row + H * act_q + H * 4;
     } else {
       out[GLMRT_PROF_QKV] += (int64_t)d.qkv_rows * H + d.qkv_rows * 8 + T * (H * act_q + d.qkv_rows * 4);
-      out[GLMRT_PROF_ROPE_KV] += T * (d.qkv_rows * 4 + (int64_t)d.nq_l * d.D * 4 + 2 * d.nkv_l * d.D * kv_elem);
-      out[GLMRT_PROF_ATTENTION] += m.kv_read_tokens * d.nkv_l * d.D * 2 * kv_elem +
+      out[GLMRT_PROF_ROPE_KV] += T * (d.qkv_rows * 4 + (int64_t)d.nq_l * d.D * 4 + 2 * d.nkv_l * kv_row);
+      out[GLMRT_PROF_ATTENTION] += m.kv_read_tokens * d.nkv_l * 2 * kv_row +
                                    T * (int64_t)d.nq_l * d.D * (4 + 4 + 1);
       out[GLMRT_PROF_O_PROJ] += H * (int64_t)d.nq_l * d.D + H * 4 + T * ((int64_t)d.nq_l * d.D + H * 4);
     }

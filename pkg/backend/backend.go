@@ -55,6 +55,10 @@ type Options struct {
 	MaxSeqs          int
 	CUDAExact        bool // validation precision (see cuda.Options.Exact)
 	CUDANoGraphs     bool // launch every kernel of every step (see cuda.Options.NoGraphs)
+	// KVCacheDType is the KV cache's element type: "" or KVAuto (BF16 on
+	// CUDA, FP32 on the CPU), or KVFP8 (CUDA only: e4m3 codes with a scale
+	// per token and KV head; see cuda.Options.KVFP8).
+	KVCacheDType string
 
 	// Synthetic, when set, replaces the model directory: the synthetic
 	// weights of docs/synthetic.md (generated on the GPU by the CUDA
@@ -78,7 +82,29 @@ func (o Options) cuda() cuda.Options {
 		Device: o.Device, TP: o.TP, KVBlockSize: o.KVBlockSize, NumKVBlocks: o.NumKVBlocks,
 		MemoryBudget: o.MemoryBudget, MaxTokensPerStep: o.MaxTokensPerStep, MaxSeqs: o.MaxSeqs,
 		Exact: o.CUDAExact, NoGraphs: o.CUDANoGraphs, OnLoad: o.OnLoad, DraftTokens: o.DraftTokens,
+		KVFP8: o.KVCacheDType == KVFP8,
 	}
+}
+
+// KV cache element types (Options.KVCacheDType, --kv-cache-dtype).
+const (
+	KVAuto = "auto"
+	KVBF16 = "bf16"
+	KVFP8  = "fp8"
+)
+
+// ParseKVCacheDType reads a --kv-cache-dtype value: auto or bf16 (the
+// default cache), fp8 or fp8_e4m3 (vLLM's spellings).
+func ParseKVCacheDType(s string) (string, error) {
+	switch strings.ToLower(s) {
+	case "", KVAuto:
+		return KVAuto, nil
+	case KVBF16:
+		return KVBF16, nil
+	case KVFP8, "fp8_e4m3":
+		return KVFP8, nil
+	}
+	return "", fmt.Errorf("--kv-cache-dtype %q: want auto, bf16 or fp8 (fp8_e4m3)", s)
 }
 
 // probe is how auto looks at the machine; tests replace it.
@@ -180,6 +206,12 @@ func Open(ctx context.Context, name, dir string, o Options) (engine.Backend, err
 	default:
 		if err := ctx.Err(); err != nil {
 			return nil, err
+		}
+		if o.KVCacheDType == KVFP8 {
+			return nil, fmt.Errorf("cpu backend: --kv-cache-dtype fp8 is a cuda backend option (the cpu reference keeps its KV cache in float32)")
+		}
+		if o.KVCacheDType == KVBF16 {
+			return nil, fmt.Errorf("cpu backend: --kv-cache-dtype bf16 is a cuda backend option (the cpu reference keeps its KV cache in float32; use auto)")
 		}
 		if o.Synthetic != nil {
 			b, err := cpu.OpenSynthetic(ctx, *o.Synthetic, o.cpu())

@@ -135,3 +135,30 @@ func TestOpenAutoHere(t *testing.T) {
 		t.Errorf("Open with a canceled context: %v", err)
 	}
 }
+
+// TestParseKVCacheDType: the --kv-cache-dtype spellings, and an unknown one
+// named in its error.
+func TestParseKVCacheDType(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"", KVAuto}, {"auto", KVAuto}, {"BF16", KVBF16}, {"fp8", KVFP8}, {"fp8_e4m3", KVFP8},
+	} {
+		got, err := ParseKVCacheDType(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("ParseKVCacheDType(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	if _, err := ParseKVCacheDType("int4"); err == nil || !strings.Contains(err.Error(), `"int4"`) {
+		t.Errorf("ParseKVCacheDType(int4): %v, want an error naming it", err)
+	}
+}
+
+// TestOpenCPUKVFP8: the CPU reference refuses an FP8 (or BF16) KV cache by
+// name rather than silently keeping float32.
+func TestOpenCPUKVFP8(t *testing.T) {
+	for _, kv := range []string{KVFP8, KVBF16} {
+		_, err := Open(context.Background(), CPU, "../../testdata/models/tiny-f32", Options{KVCacheDType: kv})
+		if err == nil || !strings.Contains(err.Error(), "--kv-cache-dtype "+kv) {
+			t.Errorf("cpu with KV %s: %v, want an error naming --kv-cache-dtype %s", kv, err, kv)
+		}
+	}
+}

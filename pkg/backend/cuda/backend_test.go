@@ -576,3 +576,14 @@ func TestUsesPenalties(t *testing.T) {
 		}
 	}
 }
+
+// TestKVFP8Option: KVFP8 reaches the runtime as kv_cache_dtype
+// GLMRT_KV_FP8_E4M3 (the fake runtime accepts only the ABI's values), and
+// with Exact it is refused before the runtime sees it, naming the option.
+func TestKVFP8Option(t *testing.T) {
+	openFake(t, Options{KVBlockSize: 16, NumKVBlocks: 8, KVFP8: true})
+	_, err := Open(tinyModel, Options{LibPath: fake(t), KVBlockSize: 16, NumKVBlocks: 8, KVFP8: true, Exact: true})
+	if err == nil || !strings.Contains(err.Error(), "KVFP8") {
+		t.Errorf("Open with KVFP8 and Exact: %v, want an error naming KVFP8", err)
+	}
+}

@@ -104,6 +104,12 @@ func engineOptions(o Options) (C.glmrt_engine_options, error) {
 	if o.NoGraphs {
 		co.disable_graphs = 1
 	}
+	if o.KVFP8 {
+		if o.Exact {
+			return co, fmt.Errorf("cuda backend option KVFP8: the FP8 KV cache is not the validation precision (Exact keeps an FP32 cache); choose one")
+		}
+		co.kv_cache_dtype = C.GLMRT_KV_FP8_E4M3
+	}
 	return co, nil
 }
 

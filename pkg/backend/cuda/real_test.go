@@ -77,6 +77,7 @@ func TestRealRuntime(t *testing.T) {
 			seededSampling(t, exact, true)
 		})
 	}
+	t.Run("FP8 KV cache", func(t *testing.T) { fp8KVCache(t, lib) })
 	t.Run("NaN token fails only its sequence", func(t *testing.T) { nanTokenFailsOnlyItsSequence(t, lib) })
 	t.Run("token masks", func(t *testing.T) { tokenMasks(t, lib) })
 }
@@ -378,5 +379,72 @@ func matchesCPU(t *testing.T, b *Backend, dir string, g *golden.File) {
 		got := lastLogits(t, b, p, 0, blockRange(1, n))
 		want := lastLogits(t, c, p, 0, blockRange(1, n))
 		t.Logf("case %d (%d tokens): cuda vs cpu-fp8 rel L2 %.3g, cpu-fp8 vs golden %.3g", i, len(p), relL2(got, want), relL2(want, cs.LastLogits))
+	}
+}
+
+// fp8KVCache: the FP8 (e4m3, scaled) KV cache's accuracy check. On both tiny
+// checkpoints it must pass the golden files at the FP8-activation
+// tolerances, its chunked prefill and mixed steps must agree with whole
+// prefill (both read the same FP8 cache), and the last logits of the longest
+// golden prompt must stay within 2% (relative L2) of the BF16 cache's; a
+// block size other than 16 and the validation precision are refused by name.
+func fp8KVCache(t *testing.T, lib string) {
+	for _, m := range []string{"tiny-f32", "tiny-bf16g"} {
+		t.Run(m, func(t *testing.T) {
+			dir := "../../../testdata/models/" + m
+			o := Options{LibPath: lib, KVBlockSize: 16, NumKVBlocks: 256, MemoryBudget: 2 << 30}
+			ref, err := Open(dir, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ref.Close()
+			o.KVFP8 = true
+			b, err := Open(dir, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			g, err := golden.Load(dir + ".golden.json")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rep, err := golden.Compare(context.Background(), b, g, golden.Options{Tolerances: golden.FP8Tolerances, ModelName: m})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range rep.Cases {
+				t.Logf("FP8 KV case %d: %d prompt tokens, rel L2 %.2e, top1 %v, greedy %d/%d mismatches (%d tolerated)",
+					c.Case, c.PromptLen, c.RelL2, c.Top1Match, c.GreedyMismatches, c.GreedySteps, c.GreedyTolerated)
+			}
+			if err := rep.Err(); err != nil {
+				t.Error(err)
+			}
+			prompt := g.Cases[len(g.Cases)-1].PromptTokenIDs
+			chunkedPrefillMatches(t, b, prompt)
+			mixedStepMatches(t, b, prompt)
+			blocks := blockRange(10, (len(prompt)+15)/16)
+			d := relL2(lastLogits(t, b, prompt, 0, blocks), lastLogits(t, ref, prompt, 0, blocks))
+			t.Logf("FP8 KV against BF16 KV, %d-token prompt: last logits rel L2 %.2e", len(prompt), d)
+			if d > 0.02 {
+				t.Errorf("FP8 KV cache: last logits rel L2 %.3g from the BF16 cache's, want <= 0.02", d)
+			}
+		})
+	}
+	dir := "../../../testdata/models/tiny-f32"
+	for _, c := range []struct {
+		name string
+		o    Options
+		want string
+	}{
+		{"block size 32", Options{LibPath: lib, KVBlockSize: 32, NumKVBlocks: 64, MemoryBudget: 2 << 30, KVFP8: true}, "kv_block_size 16"},
+		{"exact", Options{LibPath: lib, KVBlockSize: 16, NumKVBlocks: 64, MemoryBudget: 2 << 30, KVFP8: true, Exact: true}, "KVFP8"},
+	} {
+		b, err := Open(dir, c.o)
+		if err == nil {
+			b.Close()
+			t.Errorf("%s: FP8 KV cache opened, want an error naming %q", c.name, c.want)
+		} else if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: error %q does not name %q", c.name, err, c.want)
+		}
 	}
 }

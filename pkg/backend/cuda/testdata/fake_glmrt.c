@@ -83,8 +83,10 @@ int glmrt_engine_create(const glmrt_model_config *c, const glmrt_engine_options 
   if (c->hidden_size <= 0 || c->vocab_size <= 0 || c->num_hidden_layers <= 0 || c->head_dim != 128)
     return fail(GLMRT_ERR_INVALID, "fake: bad config (hidden_size %d, vocab_size %d, head_dim %d)", c->hidden_size,
                 c->vocab_size, c->head_dim);
-  for (int i = 0; i < 3; i++)
+  for (int i = 0; i < (int)(sizeof o->reserved / sizeof o->reserved[0]); i++)
     if (o->reserved[i] != 0) return fail(GLMRT_ERR_INVALID, "fake: reserved[%d] is not zero", i);
+  if (o->kv_cache_dtype != GLMRT_KV_AUTO && o->kv_cache_dtype != GLMRT_KV_FP8_E4M3)
+    return fail(GLMRT_ERR_INVALID, "fake: kv_cache_dtype %d", o->kv_cache_dtype);
   if (o->kv_block_size > 1024) return fail(GLMRT_ERR_INVALID, "fake: kv_block_size %d > 1024", o->kv_block_size);
   glmrt_engine *e = calloc(1, sizeof *e);
   if (!e) return fail(GLMRT_ERR_OOM, "fake: calloc");
