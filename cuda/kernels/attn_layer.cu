@@ -73,6 +73,15 @@ constexpr int kA1MaxOTiles = 4;          // o_proj tiles one round holds
 constexpr size_t kA1HeaderBytes = 256;
 enum { kA1Done = 0, kA1Epoch = 1 };
 constexpr float kA1Log2e = 1.4426950408889634f;
+constexpr float kA1Fp8MinScale = 5.9604645e-8f;  // 2^-24, the rope kernel's FP8 write's floor
+// The FP8 cache: one block of one KV head as copied, 16-byte chunks: K codes
+// (2 KB), V codes (2 KB, transposed), 16 K scales, 16 V scales.
+constexpr int kA1F8UnitBytes = 2 * 2048 + 2 * 64;
+constexpr int kA1F8UnitChunks = kA1F8UnitBytes / 16;
+// Shared memory up to the FP8 staging (16-byte aligned).
+__host__ __device__ inline int a1_raw_offset(int H, int nq, int nkv) {
+  return (((H + 15) & ~15) + kA1KvBytes + (nq + 2 * nkv) * kA1D * 4 + nq * kA1D + 15) & ~15;
+}
 
 struct A1Shared {
   float red[kA1MaxOTiles][kA1Warps][16];
@@ -147,6 +156,10 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   unsigned char* kv_s = dsm + ((H + 15) & ~15);                          // [KT][nkv] K rows, then V rows
   float* qkv_s = reinterpret_cast<float*>(kv_s + kA1KvBytes);           // [n_qkv]
   uint8_t* oq_s = reinterpret_cast<uint8_t*>(qkv_s + n_qkv);             // [KO] FP8 attention output
+  // The FP8 cache: a tile's blocks as copied, [KT / 16][nkv] units of
+  // kA1F8UnitBytes (K codes, V codes, K scales, V scales).
+  const bool f8 = a.k_cache8 != nullptr;
+  unsigned char* raw_s = dsm + a1_raw_offset(H, nq, nkv);
   int* cnt = static_cast<int*>(a.workspace);
   const A1Ws ws = a1_ws(a.workspace, nq, nkv, a.ws_ctas);
   const unsigned epoch = (unsigned)__ldcg(cnt + kA1Epoch) + 1u;
@@ -168,6 +181,22 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
   // Rows past nt up to the 16-key block's end are zeroed (the mma reads
   // them; P is 0 there, and 0 x a stale NaN would not be).
   auto kv_issue = [&](int t0, int nt) {
+    if (f8) {  // whole blocks (t0 is a multiple of 16), the new token's stale slot included
+      const int units = ((nt + 15) >> 4) * nkv;
+      const uint32_t rb = (uint32_t)__cvta_generic_to_shared(raw_s);
+      for (int i = tid; i < units * kA1F8UnitChunks; i += kA1Threads) {
+        const int u = i / kA1F8UnitChunks, ch = i - u * kA1F8UnitChunks;
+        const int j = u / nkv, h = u - j * nkv;
+        const int64_t bh = (int64_t)bt[(t0 >> 4) + j] * nkv + h;
+        const void* src = ch < 128   ? (const void*)(a.k_cache8 + bh * 2048 + ch * 16)
+                          : ch < 256 ? (const void*)(a.v_cache8 + bh * 2048 + (ch - 128) * 16)
+                          : ch < 260 ? (const void*)(a.k_scale + bh * 16 + (ch - 256) * 4)
+                                     : (const void*)(a.v_scale + bh * 16 + (ch - 260) * 4);
+        cp_async_cg16(rb + u * kA1F8UnitBytes + ch * 16, src, 0);
+      }
+      cp_async_commit();
+      return;
+    }
     const int n = ((nt + 15) & ~15) * nkv * 16;  // 16-byte chunks of K (and as many of V)
     const uint32_t base = (uint32_t)__cvta_generic_to_shared(kv_s);
     for (int i = tid; i < n; i += kA1Threads) {
@@ -295,6 +324,28 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
       }
       if (is_q) {
         v = make_float4(bf16_round(v.x * qsc), bf16_round(v.y * qsc), bf16_round(v.z * qsc), bf16_round(v.w * qsc));
+      } else if (f8) {
+        // The FP8 cache: the row's scale and codes as the rope kernel's FP8
+        // write makes them; attended as code * scale (what the cache holds).
+        float am = absmax4(v);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
+        const float s = fmaxf(am / 448.0f, kA1Fp8MinScale);
+        const uint32_t codes = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
+        const float4 f = e4m3x4_to_f32(codes);
+        v = make_float4(f.x * s, f.y * s, f.z * s, f.w * s);
+        if (b == S - 1 && slot >= 0) {
+          const int kvh = is_k ? hd - nq : hd - nq - nkv;
+          const int64_t bh = (int64_t)(slot / bs) * nkv + kvh;
+          const int off = slot % bs;
+          if (is_k) {
+            reinterpret_cast<uint32_t*>(a.k_cache8 + bh * 2048 + off * kA1D)[lane] = codes;
+          } else {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a.v_cache8[bh * 2048 + (lane * 4 + i) * 16 + off] = (uint8_t)(codes >> (8 * i));
+          }
+          if (lane == 0) (is_k ? a.k_scale : a.v_scale)[bh * 16 + off] = s;
+        }
       } else {
         v = make_float4(bf16_round(v.x), bf16_round(v.y), bf16_round(v.z), bf16_round(v.w));
         // The new token's K / V into the cache, by the CTA that holds its key.
@@ -348,6 +399,34 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
       }
       cp_async_wait_pending(0);
       __syncthreads();  // every thread's copies and zero rows
+      if (f8) {
+        // Widen the copied blocks into the BF16 tile (code * scale); rows
+        // past nt up to the block's end zero.
+        const int n = ((nt + 15) & ~15) * nkv * 16;
+        for (int i = tid; i < n; i += kA1Threads) {
+          const int ch = i & 15, rr = i >> 4, r = rr / nkv, h = rr - r * nkv;
+          const unsigned char* u = raw_s + ((r >> 4) * nkv + h) * kA1F8UnitBytes;
+          const int o = r & 15;
+          uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
+          if (r < nt) {
+            const float ks = reinterpret_cast<const float*>(u + 4096)[o];
+            const float vs = reinterpret_cast<const float*>(u + 4096 + 64)[o];
+            const uint2 kc = *reinterpret_cast<const uint2*>(u + o * kA1D + ch * 8);
+            const float4 k0 = e4m3x4_to_f32(kc.x), k1 = e4m3x4_to_f32(kc.y);
+            kw = make_uint4(pack_bf16(k0.x * ks, k0.y * ks), pack_bf16(k0.z * ks, k0.w * ks),
+                            pack_bf16(k1.x * ks, k1.y * ks), pack_bf16(k1.z * ks, k1.w * ks));
+            uint32_t vc[2] = {0u, 0u};
+#pragma unroll
+            for (int d = 0; d < 8; ++d) vc[d >> 2] |= (uint32_t)u[2048 + (ch * 8 + d) * 16 + o] << (8 * (d & 3));
+            const float4 v0 = e4m3x4_to_f32(vc[0]), v1 = e4m3x4_to_f32(vc[1]);
+            vw = make_uint4(pack_bf16(v0.x * vs, v0.y * vs), pack_bf16(v0.z * vs, v0.w * vs),
+                            pack_bf16(v1.x * vs, v1.y * vs), pack_bf16(v1.z * vs, v1.w * vs));
+          }
+          *reinterpret_cast<uint4*>(kv_s + a1_chunk(rr, ch)) = kw;
+          *reinterpret_cast<uint4*>(kv_s + KT * nkv * 256 + a1_chunk(rr, ch)) = vw;
+        }
+        __syncthreads();
+      }
       // The new token's key from the q|k|v row (BF16 values, as cached).
       if (ctx - 1 >= t0 && ctx - 1 < t0 + nt) {
         const int r = ctx - 1 - t0;
@@ -597,8 +676,9 @@ cudaError_t a1_launch(const AttnT1Args& a, int grid, size_t smem, cudaStream_t s
   return launch_cooperative(attn_t1_kernel<NQ, NO, OT>, a, grid, kA1Threads, smem, st);
 }
 
-size_t a1_smem(int H, int nq, int nkv) {
-  return (size_t)((H + 15) & ~15) + kA1KvBytes + (size_t)(nq + 2 * nkv) * kA1D * 4 + (size_t)nq * kA1D;
+size_t a1_smem(int H, int nq, int nkv, bool f8) {
+  const int KT = kA1TileBytes / (nkv * 2 * 256);
+  return (size_t)a1_raw_offset(H, nq, nkv) + (f8 ? (size_t)(KT / 16) * nkv * kA1F8UnitBytes : 0);
 }
 
 bool a1_shape_ok(int H, int nq, int nkv, int rot_dim) {
@@ -616,7 +696,7 @@ bool attn_layer_t1_supported(int H, int n_q_heads, int n_kv_heads, int rot_dim) 
   if (device_info(dev, di) != cudaSuccess) return false;
   // sm_90; the merge's jobs (4 a head) on distinct CTAs; the shared memory.
   return di.major >= 9 && di.sms >= 4 * n_q_heads &&
-         a1_smem(H, n_q_heads, n_kv_heads) + sizeof(A1Shared) <= (size_t)di.smem_optin;
+         a1_smem(H, n_q_heads, n_kv_heads, true) + sizeof(A1Shared) <= (size_t)di.smem_optin;
 }
 
 size_t attn_layer_t1_workspace_bytes(int n_q_heads, int n_kv_heads, int ctas) {
@@ -629,10 +709,16 @@ size_t attn_layer_t1_workspace_bytes(int n_q_heads, int n_kv_heads, int ctas) {
 cudaError_t attn_layer_t1(const AttnT1Args& a, cudaStream_t st) {
   if (!a1_shape_ok(a.H, a.n_q_heads, a.n_kv_heads, a.rot_dim) || a.block_size <= 0 || !a.xq || !a.xs ||
       !a.qkv_w || !a.qkv_scale || !a.inv_freq || !a.positions || !a.slots || !a.ctx_len || !a.bt_offset ||
-      !a.block_tables || !a.k_cache || !a.v_cache || !a.o_w || !a.o_scale || !a.delta || !a.workspace ||
+      !a.block_tables || !a.o_w || !a.o_scale || !a.delta || !a.workspace ||
       (uintptr_t)a.xq % 16 || (uintptr_t)a.qkv_w % 16 || (uintptr_t)a.o_w % 16 || (uintptr_t)a.k_cache % 16 ||
       (uintptr_t)a.v_cache % 16 || (uintptr_t)a.workspace % 32 || (a.q_norm && (uintptr_t)a.q_norm % 16) ||
       (a.k_norm && (uintptr_t)a.k_norm % 16))
+    return cudaErrorInvalidValue;
+  const bool f8 = a.k_cache8 != nullptr;
+  if (f8 ? (!a.v_cache8 || !a.k_scale || !a.v_scale || a.k_cache || a.v_cache || a.block_size != kKvFp8BlockSize ||
+            (uintptr_t)a.k_cache8 % 16 || (uintptr_t)a.v_cache8 % 16 || (uintptr_t)a.k_scale % 16 ||
+            (uintptr_t)a.v_scale % 16)
+         : (!a.k_cache || !a.v_cache))
     return cudaErrorInvalidValue;
   int dev = 0;
   DeviceInfo di;
@@ -640,7 +726,7 @@ cudaError_t attn_layer_t1(const AttnT1Args& a, cudaStream_t st) {
   if (e != cudaSuccess) return e;
   const int grid = di.sms;
   if (grid > a.ws_ctas) return cudaErrorInvalidValue;  // workspace sized for fewer CTAs
-  const size_t smem = a1_smem(a.H, a.n_q_heads, a.n_kv_heads);
+  const size_t smem = a1_smem(a.H, a.n_q_heads, a.n_kv_heads, f8);
   if (di.major < 9 || grid < 4 * a.n_q_heads || smem + sizeof(A1Shared) > (size_t)di.smem_optin)
     return cudaErrorNotSupported;
   // Chunks of 64 bytes per warp: q|k|v's K = H, o_proj's K = heads * 128;

@@ -813,6 +813,14 @@ struct AttnT1Args {
   int block_size = 16;
   __nv_bfloat16* k_cache = nullptr;  // [blocks][n_kv_heads][block_size][128]
   __nv_bfloat16* v_cache = nullptr;
+  // The FP8 cache (QkRopeArgs::kv_fp8's layout; block_size 16) instead of
+  // k_cache / v_cache: a split's blocks are copied as codes and widened to
+  // BF16 (code * scale) in shared memory; the new token's row is quantized
+  // as the rope kernel does it and attended as its dequantized value.
+  uint8_t* k_cache8 = nullptr;
+  uint8_t* v_cache8 = nullptr;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
   float scale = 0.f;                 // softmax scale (1 / sqrt(128))
   const uint8_t* o_w = nullptr;      // [H][n_q_heads * 128]
   const float* o_scale = nullptr;

@@ -380,8 +380,8 @@ int alloc_workspaces(Engine& e, Rank& r) {
       GLMRT_CUDA(cudaMemset(r.moe_t1_ws, 0, b), "zero the one-token MoE layer workspace");
     }
   }
-  // The one-token attention half (attn_layer_t1): BF16 cache, head_dim 128.
-  if (!e.f32kv && !e.kv8 && d.D == 128 && glmk::attn_layer_t1_supported(d.H, d.nq_l, d.nkv_l, d.rot)) {
+  // The one-token attention half (attn_layer_t1): BF16 or FP8 cache, head_dim 128.
+  if (!e.f32kv && d.D == 128 && glmk::attn_layer_t1_supported(d.H, d.nq_l, d.nkv_l, d.rot)) {
     const size_t b = glmk::attn_layer_t1_workspace_bytes(d.nq_l, d.nkv_l, r.num_sms);
     GLMRT_TRY(A((unsigned char**)&r.attn_t1_ws, b, "one-token attention layer workspace"));
     GLMRT_CUDA(cudaMemset(r.attn_t1_ws, 0, b), "zero the one-token attention layer workspace");

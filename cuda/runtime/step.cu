@@ -896,7 +896,7 @@ bool combine_feeds_norm(const Engine& e, int l) {
 // launch (q|k|v, q/k norm + RoPE + the KV write, attention, o_proj; kernels.h):
 // one decoding token on the FP8 path. At batch 1 those were four launches.
 bool attn_one_launch(const Engine& e, const Rank& r, const Meta& m) {
-  return r.attn_t1_ws && !e.exact && !e.f32kv && !e.kv8 && m.rows == 1 && m.policy_rows == 1 && m.n_dec == 1 &&
+  return r.attn_t1_ws && !e.exact && !e.f32kv && m.rows == 1 && m.policy_rows == 1 && m.n_dec == 1 &&
          m.n_items == 0;
 }
 
@@ -931,8 +931,15 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     a.bt_offset = at<int>(M, m.rm.dec_bt);
     a.block_tables = at<int>(M, ML.bt);
     a.block_size = e.block_size;
-    a.k_cache = static_cast<__nv_bfloat16*>(L.k_cache);
-    a.v_cache = static_cast<__nv_bfloat16*>(L.v_cache);
+    if (e.kv8) {
+      a.k_cache8 = static_cast<uint8_t*>(L.k_cache);
+      a.v_cache8 = static_cast<uint8_t*>(L.v_cache);
+      a.k_scale = L.k_scale;
+      a.v_scale = L.v_scale;
+    } else {
+      a.k_cache = static_cast<__nv_bfloat16*>(L.k_cache);
+      a.v_cache = static_cast<__nv_bfloat16*>(L.v_cache);
+    }
     a.scale = 1.0f / sqrtf((float)d.D);
     a.o_w = L.o;
     a.o_scale = L.o_scale;
