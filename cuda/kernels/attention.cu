@@ -1526,8 +1526,10 @@ __device__ __forceinline__ void pf_merge(const PrefillAttnArgs& a, const Prefill
 
 // The FP8 cache's 64-key tile as one thread of 128 holds it between its load
 // and its widening into shared memory (pf_f8_load / pf_f8_store): K bytes
-// 64 of key tid / 2 (dims 64 (tid & 1) ..), V rows of dims 4 (tid & 31) .. +3
-// over the 16 keys of the tile's block tid / 32, and their scales.
+// 64 of key tid / 2 (dims 64 (tid & 1) ..), V rows of dims (tid & 31) + 32i
+// over the 16 keys of the tile's block tid / 32 (consecutive lanes on
+// consecutive dims: their widened rows start in 8 different bank groups),
+// and their scales.
 struct PfF8Raw {
   uint4 k[4], v[4];
   float4 vs[4];
@@ -1551,9 +1553,9 @@ __device__ __forceinline__ void pf_f8_load(const PrefillAttnArgs& a, int key0, i
     r.ks = __ldg(a.k_scale + (int64_t)gk * 16 + (key & 15));
   }
   if (r.v_cnt > 0) {
-    const uint4* src = reinterpret_cast<const uint4*>(a.v_cache8 + (int64_t)gv * (16 * kPfD) + (tid & 31) * 64);
+    const uint4* src = reinterpret_cast<const uint4*>(a.v_cache8 + (int64_t)gv * (16 * kPfD)) + (tid & 31);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) r.v[i] = __ldg(src + i);
+    for (int i = 0; i < 4; ++i) r.v[i] = __ldg(src + 32 * i);
     const float4* sp = reinterpret_cast<const float4*>(a.v_scale + (int64_t)gv * 16);
 #pragma unroll
     for (int i = 0; i < 4; ++i) r.vs[i] = __ldg(sp + i);
@@ -1585,7 +1587,7 @@ __device__ __forceinline__ void pf_f8_store(const PfF8Raw& r, uint32_t dst, int 
   const uint32_t* vw = reinterpret_cast<const uint32_t*>(r.v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // dim d: keys 16w .. 16w + 15
-    const int d = 4 * (tid & 31) + i;
+    const int d = (tid & 31) + 32 * i;
     uint32_t w8[8];
 #pragma unroll
     for (int h = 0; h < 4; ++h) {

@@ -401,20 +401,33 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
       __syncthreads();  // every thread's copies and zero rows
       if (f8) {
         // Widen the copied blocks into the BF16 tile (code * scale); rows
-        // past nt up to the block's end zero.
+        // past nt up to the block's end zero. K: consecutive threads on a
+        // key's consecutive chunks (8-byte reads of one row); V: on
+        // consecutive keys of a chunk (its byte reads, 16 bytes apart by dim,
+        // then fall in a few words rather than all in one bank).
         const int n = ((nt + 15) & ~15) * nkv * 16;
         for (int i = tid; i < n; i += kA1Threads) {
           const int ch = i & 15, rr = i >> 4, r = rr / nkv, h = rr - r * nkv;
           const unsigned char* u = raw_s + ((r >> 4) * nkv + h) * kA1F8UnitBytes;
           const int o = r & 15;
-          uint4 kw = make_uint4(0, 0, 0, 0), vw = kw;
+          uint4 kw = make_uint4(0, 0, 0, 0);
           if (r < nt) {
             const float ks = reinterpret_cast<const float*>(u + 4096)[o];
-            const float vs = reinterpret_cast<const float*>(u + 4096 + 64)[o];
             const uint2 kc = *reinterpret_cast<const uint2*>(u + o * kA1D + ch * 8);
             const float4 k0 = e4m3x4_to_f32(kc.x), k1 = e4m3x4_to_f32(kc.y);
             kw = make_uint4(pack_bf16(k0.x * ks, k0.y * ks), pack_bf16(k0.z * ks, k0.w * ks),
                             pack_bf16(k1.x * ks, k1.y * ks), pack_bf16(k1.z * ks, k1.w * ks));
+          }
+          *reinterpret_cast<uint4*>(kv_s + a1_chunk(rr, ch)) = kw;
+        }
+        for (int i = tid; i < n; i += kA1Threads) {
+          // i = ((block * nkv + h) * 16 + ch) * 16 + o: 16 keys of one chunk in a row of threads
+          const int o = i & 15, ch = (i >> 4) & 15, bh = i >> 8, blk = bh / nkv, h = bh - blk * nkv;
+          const int r = blk * 16 + o, rr = r * nkv + h;
+          const unsigned char* u = raw_s + bh * kA1F8UnitBytes;
+          uint4 vw = make_uint4(0, 0, 0, 0);
+          if (r < nt) {
+            const float vs = reinterpret_cast<const float*>(u + 4096 + 64)[o];
             uint32_t vc[2] = {0u, 0u};
 #pragma unroll
             for (int d = 0; d < 8; ++d) vc[d >> 2] |= (uint32_t)u[2048 + (ch * 8 + d) * 16 + o] << (8 * (d & 3));
@@ -422,7 +435,6 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
             vw = make_uint4(pack_bf16(v0.x * vs, v0.y * vs), pack_bf16(v0.z * vs, v0.w * vs),
                             pack_bf16(v1.x * vs, v1.y * vs), pack_bf16(v1.z * vs, v1.w * vs));
           }
-          *reinterpret_cast<uint4*>(kv_s + a1_chunk(rr, ch)) = kw;
           *reinterpret_cast<uint4*>(kv_s + KT * nkv * 256 + a1_chunk(rr, ch)) = vw;
         }
         __syncthreads();
