@@ -742,12 +742,12 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
   // Q as bf16 A fragments: rows = heads kvh*G + r (r >= G: zero), pre-scaled
   // so that scores are in log2 units. qa[kk] covers dims 16kk .. 16kk+15.
   uint32_t qa[8][4];
+  const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
+  const float sc = a.scale * kLog2e;
   if constexpr (F8) {
     // f16, the dims of a k-step permuted as the FP8 K rows arrive from
     // ldmatrix: thread (g, t) holds dims 16kk + 4t .. 4t+3 of its rows (a0 / a2
     // the first / second pair), the same permutation on both operands.
-    const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
-    const float sc = a.scale * kLog2e;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
@@ -760,8 +760,6 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
       }
     }
   } else {
-    const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
-    const float sc = a.scale * kLog2e;
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll

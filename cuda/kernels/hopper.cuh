@@ -78,10 +78,12 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16_ss(float (&d)[8][4], uint64
 }
 
 // O[64 x 128] += A[64 x 16] * B[16 x 128], bf16: A from registers (the warp's
-// 16 rows as the m16n8k16 A fragment), B MN-major from shared memory
-// (transposed: rows along K); d[j][e] as above with 16 column tiles.
-__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_tb(float (&d)[16][4], const uint32_t (&a)[4],
-                                                            uint64_t desc_b) {
+// 16 rows as the m16n8k16 A fragment), B from shared memory, MN-major
+// (TNSP_B 1: transposed, rows along K) or K-major (0: rows along N, e.g. V
+// stored transposed as [dims][keys]); d[j][e] as above with 16 column tiles.
+template <int TNSP_B>
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_impl(float (&d)[16][4], const uint32_t (&a)[4],
+                                                              uint64_t desc_b) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -89,7 +91,7 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_tb(float (&d)[16][4], c
       "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
       "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
       "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+      "}, {%64,%65,%66,%67}, %68, p, 1, 1, %70;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
         "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
         "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
@@ -100,32 +102,15 @@ __device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_tb(float (&d)[16][4], c
         "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
         "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
         "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1), "n"(TNSP_B));
 }
 
-// The same with B K-major from shared memory (rows along N, e.g. V stored
-// transposed as [dims][keys]).
-__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[16][4], const uint32_t (&a)[4],
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs_tb(float (&d)[16][4], const uint32_t (&a)[4],
                                                             uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-      "}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
-      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]),
-        "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]),
-        "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]),
-        "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-        "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
-        "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]),
-        "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-        "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]),
-        "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-        "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  wgmma_m64n128k16_bf16_rs_impl<1>(d, a, desc_b);
+}
+__device__ __forceinline__ void wgmma_m64n128k16_bf16_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t desc_b) {
+  wgmma_m64n128k16_bf16_rs_impl<0>(d, a, desc_b);
 }
 
 // D[64 x 128] (+)= A[64 x 32] * B[128 x 32]^T, e4m3.

@@ -900,6 +900,22 @@ bool attn_one_launch(const Engine& e, const Rank& r, const Meta& m) {
          m.n_items == 0;
 }
 
+// A layer's paged cache into an attention launch's arguments (DecodeAttnArgs,
+// PrefillAttnArgs, AttnT1Args): the BF16 pointers, or on the FP8 cache the
+// codes and scales (glmk::QkRopeArgs::kv_fp8).
+template <class Args>
+void set_kv_cache(const Engine& e, const LayerDev& L, Args& a) {
+  if (e.kv8) {
+    a.k_cache8 = static_cast<decltype(a.k_cache8)>(L.k_cache);
+    a.v_cache8 = static_cast<decltype(a.v_cache8)>(L.v_cache);
+    a.k_scale = L.k_scale;
+    a.v_scale = L.v_scale;
+  } else {
+    a.k_cache = static_cast<decltype(a.k_cache)>(L.k_cache);
+    a.v_cache = static_cast<decltype(a.v_cache)>(L.v_cache);
+  }
+}
+
 int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   const Dims& d = e.d;
   const MetaLayout& ML = e.ml;
@@ -931,15 +947,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     a.bt_offset = at<int>(M, m.rm.dec_bt);
     a.block_tables = at<int>(M, ML.bt);
     a.block_size = e.block_size;
-    if (e.kv8) {
-      a.k_cache8 = static_cast<uint8_t*>(L.k_cache);
-      a.v_cache8 = static_cast<uint8_t*>(L.v_cache);
-      a.k_scale = L.k_scale;
-      a.v_scale = L.v_scale;
-    } else {
-      a.k_cache = static_cast<__nv_bfloat16*>(L.k_cache);
-      a.v_cache = static_cast<__nv_bfloat16*>(L.v_cache);
-    }
+    set_kv_cache(e, L, a);
     a.scale = 1.0f / sqrtf((float)d.D);
     a.o_w = L.o;
     a.o_scale = L.o_scale;
@@ -995,15 +1003,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (m.n_dec > 0) {
     glmk::DecodeAttnArgs a;
     a.q = r.q;
-    if (e.kv8) {
-      a.k_cache8 = static_cast<const uint8_t*>(L.k_cache);
-      a.v_cache8 = static_cast<const uint8_t*>(L.v_cache);
-      a.k_scale = L.k_scale;
-      a.v_scale = L.v_scale;
-    } else {
-      a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
-      a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
-    }
+    set_kv_cache(e, L, a);
     a.block_size = e.block_size;
     a.n_q_heads = d.nq_l;
     a.n_kv_heads = d.nkv_l;
@@ -1038,15 +1038,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (m.n_items > 0 && e.prefill_tc) {
     glmk::PrefillAttnArgs a;
     a.q = r.q;
-    if (e.kv8) {
-      a.k_cache8 = static_cast<const uint8_t*>(L.k_cache);
-      a.v_cache8 = static_cast<const uint8_t*>(L.v_cache);
-      a.k_scale = L.k_scale;
-      a.v_scale = L.v_scale;
-    } else {
-      a.k_cache = static_cast<const __nv_bfloat16*>(L.k_cache);
-      a.v_cache = static_cast<const __nv_bfloat16*>(L.v_cache);
-    }
+    set_kv_cache(e, L, a);
     a.block_size = e.block_size;
     a.n_q_heads = d.nq_l;
     a.n_kv_heads = d.nkv_l;

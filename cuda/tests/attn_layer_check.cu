@@ -148,6 +148,21 @@ void one_row_linear(const uint8_t* W, const float* ws, const float* bias, const 
   CK(gemm_fp8_stream(g, st));
 }
 
+// The layer's cache into an attention launch's arguments: BF16, or (g_f8)
+// the FP8 codes and scales.
+template <class Args>
+void set_cache(const Layer& L, Args& a) {
+  if (g_f8) {
+    a.k_cache8 = L.k8.p;
+    a.v_cache8 = L.v8.p;
+    a.k_scale = L.ks.p;
+    a.v_scale = L.vs.p;
+  } else {
+    a.k_cache = reinterpret_cast<decltype(a.k_cache)>(L.k_cache.p);
+    a.v_cache = reinterpret_cast<decltype(a.v_cache)>(L.v_cache.p);
+  }
+}
+
 void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st, bool pdl) {
   const int n_qkv = (s.nq + 2 * s.nkv) * 128, ko = s.nq * 128;
   one_row_linear(L.qkv_w.p, L.qkv_scale.p, s.bias ? L.qkv_bias.p : nullptr, b.xq.p, b.xs.p, n_qkv, s.H, b.qkv.p, b,
@@ -178,15 +193,7 @@ void run_chain(const Shape& s, const Layer& L, Bufs& b, cudaStream_t st, bool pd
   CK(qk_norm_rope_kv_write(q, st));
   DecodeAttnArgs a;
   a.q = b.q.p;
-  if (g_f8) {
-    a.k_cache8 = L.k8.p;
-    a.v_cache8 = L.v8.p;
-    a.k_scale = L.ks.p;
-    a.v_scale = L.vs.p;
-  } else {
-    a.k_cache = reinterpret_cast<const __nv_bfloat16*>(L.k_cache.p);
-    a.v_cache = reinterpret_cast<const __nv_bfloat16*>(L.v_cache.p);
-  }
+  set_cache(L, a);
   a.block_size = kBlock;
   a.n_q_heads = s.nq;
   a.n_kv_heads = s.nkv;
@@ -230,15 +237,7 @@ AttnT1Args fused_args(const Shape& s, const Layer& L, Bufs& b) {
   a.bt_offset = b.bt_off.p;
   a.block_tables = b.bt.p;
   a.block_size = kBlock;
-  if (g_f8) {
-    a.k_cache8 = L.k8.p;
-    a.v_cache8 = L.v8.p;
-    a.k_scale = L.ks.p;
-    a.v_scale = L.vs.p;
-  } else {
-    a.k_cache = reinterpret_cast<__nv_bfloat16*>(L.k_cache.p);
-    a.v_cache = reinterpret_cast<__nv_bfloat16*>(L.v_cache.p);
-  }
+  set_cache(L, a);
   a.scale = 1.0f / std::sqrt(128.0f);
   a.o_w = L.o_w.p;
   a.o_scale = L.o_scale.p;

@@ -78,6 +78,18 @@ struct DevF8 {
   Dev<uint8_t> k, v;
   Dev<float> ks, vs;
   explicit DevF8(const HostF8& h) : k(h.k), v(h.v), ks(h.ks), vs(h.vs) {}
+  // This cache and the shape's common fields into an attention launch's arguments.
+  template <class Args>
+  void into(Args& a, int nq, int nkv, float scale) const {
+    a.k_cache8 = k.p;
+    a.v_cache8 = v.p;
+    a.k_scale = ks.p;
+    a.v_scale = vs.p;
+    a.block_size = kBS;
+    a.n_q_heads = nq;
+    a.n_kv_heads = nkv;
+    a.scale = scale;
+  }
 };
 
 // Sequences over a shuffled block pool: table[s] = its blocks in order.
@@ -263,14 +275,7 @@ static void check_decode(const std::vector<int>& ctx, int G, int nkv, int splits
   Dev<int> d_rows(rows), d_ctx(ctx), d_bto(S.bt_off), d_bt(S.bt_flat);
   DecodeAttnArgs a;
   a.q = dq.p;
-  a.k_cache8 = dc.k.p;
-  a.v_cache8 = dc.v.p;
-  a.k_scale = dc.ks.p;
-  a.v_scale = dc.vs.p;
-  a.block_size = kBS;
-  a.n_q_heads = nq;
-  a.n_kv_heads = nkv;
-  a.scale = scale;
+  dc.into(a, nq, nkv, scale);
   a.n_seqs = n;
   a.q_row = d_rows.p;
   a.ctx_len = d_ctx.p;
@@ -355,14 +360,7 @@ static void check_prefill(const std::vector<std::pair<int, int>>& seqs, int G, i
   ws.zero();
   PrefillAttnArgs a;
   a.q = dq.p;
-  a.k_cache8 = dc.k.p;
-  a.v_cache8 = dc.v.p;
-  a.k_scale = dc.ks.p;
-  a.v_scale = dc.vs.p;
-  a.block_size = kBS;
-  a.n_q_heads = nq;
-  a.n_kv_heads = nkv;
-  a.scale = scale;
+  dc.into(a, nq, nkv, scale);
   a.positions = d_pos.p;
   a.seq_bt_offset = d_bto.p;
   a.block_tables = d_bt.p;

@@ -48,21 +48,7 @@ func TestRealRuntime(t *testing.T) {
 			}
 			defer b.Close()
 			t.Logf("runtime: %+v", b.RuntimeInfo())
-			g, err := golden.Load(dir + ".golden.json")
-			if err != nil {
-				t.Fatal(err)
-			}
-			rep, err := golden.Compare(context.Background(), b, g, golden.Options{Tolerances: golden.FP8Tolerances, ModelName: m})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, c := range rep.Cases {
-				t.Logf("case %d: %d prompt tokens, rel L2 %.2e, top1 %v, greedy %d/%d mismatches (%d tolerated)",
-					c.Case, c.PromptLen, c.RelL2, c.Top1Match, c.GreedyMismatches, c.GreedySteps, c.GreedyTolerated)
-			}
-			if err := rep.Err(); err != nil {
-				t.Error(err)
-			}
+			g := goldenPasses(t, b, dir, m, "")
 			chunkedPrefillMatches(t, b, g.Cases[len(g.Cases)-1].PromptTokenIDs)
 			mixedStepMatches(t, b, g.Cases[len(g.Cases)-1].PromptTokenIDs)
 			matchesCPU(t, b, dir, g)
@@ -404,21 +390,7 @@ func fp8KVCache(t *testing.T, lib string) {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			g, err := golden.Load(dir + ".golden.json")
-			if err != nil {
-				t.Fatal(err)
-			}
-			rep, err := golden.Compare(context.Background(), b, g, golden.Options{Tolerances: golden.FP8Tolerances, ModelName: m})
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, c := range rep.Cases {
-				t.Logf("FP8 KV case %d: %d prompt tokens, rel L2 %.2e, top1 %v, greedy %d/%d mismatches (%d tolerated)",
-					c.Case, c.PromptLen, c.RelL2, c.Top1Match, c.GreedyMismatches, c.GreedySteps, c.GreedyTolerated)
-			}
-			if err := rep.Err(); err != nil {
-				t.Error(err)
-			}
+			g := goldenPasses(t, b, dir, m, "FP8 KV ")
 			prompt := g.Cases[len(g.Cases)-1].PromptTokenIDs
 			chunkedPrefillMatches(t, b, prompt)
 			mixedStepMatches(t, b, prompt)
@@ -447,4 +419,27 @@ func fp8KVCache(t *testing.T, lib string) {
 			t.Errorf("%s: error %q does not name %q", c.name, err, c.want)
 		}
 	}
+}
+
+// goldenPasses loads the checkpoint's golden file, compares backend b with
+// it at the FP8-activation tolerances, logs each case (prefixed by label)
+// and fails the test when a case fails; it returns the golden file.
+func goldenPasses(t *testing.T, b engine.Backend, dir, model, label string) *golden.File {
+	t.Helper()
+	g, err := golden.Load(dir + ".golden.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := golden.Compare(context.Background(), b, g, golden.Options{Tolerances: golden.FP8Tolerances, ModelName: model})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range rep.Cases {
+		t.Logf("%scase %d: %d prompt tokens, rel L2 %.2e, top1 %v, greedy %d/%d mismatches (%d tolerated)",
+			label, c.Case, c.PromptLen, c.RelL2, c.Top1Match, c.GreedyMismatches, c.GreedySteps, c.GreedyTolerated)
+	}
+	if err := rep.Err(); err != nil {
+		t.Error(err)
+	}
+	return g
 }
