@@ -1070,17 +1070,18 @@ int dec_smem(const DecodeAttnArgs& a, const DeviceInfo& dd, int S) {
   return smem;
 }
 
-// Clusters of max_splits CTAs (2, 4, 8 or 16) of the S-stage cluster kernel
-// that the device holds at once (cudaOccupancyMaxActiveClusters: registers,
-// shared memory, GPC sizes); 0 where none launches. Asked once per device,
-// depth, size and shared memory padding.
-// The most dynamic shared memory of a depth-S launch (padding included).
-template <int S, bool F8>
+// The most dynamic shared memory a launch of any depth asks (4 stages), for
+// the kernel's attribute (padding included where larger).
+template <bool F8>
 constexpr int dec_smem_max() {
   return kDecWarps * dec_warp_bytes<4, F8>() > kDecWarps * 4 * kDecStageBytes ? kDecWarps * dec_warp_bytes<4, F8>()
                                                                               : kDecWarps * 4 * kDecStageBytes;
 }
 
+// Clusters of max_splits CTAs (2, 4, 8 or 16) of the S-stage cluster kernel
+// that the device holds at once (cudaOccupancyMaxActiveClusters: registers,
+// shared memory, GPC sizes); 0 where none launches. Asked once per device,
+// depth, size and shared memory padding.
 template <int S, bool F8>
 int dec_cluster_capacity(const DecodeAttnArgs& a, const DeviceInfo& dd, int dev) {
   const int cl = a.max_splits;
@@ -1092,7 +1093,7 @@ int dec_cluster_capacity(const DecodeAttnArgs& a, const DeviceInfo& dd, int dev)
   if (v > 0) return v - 1;
   const int smem = dec_smem(a, dd, S);
   int n = 0;
-  if (dec_prepare<S, true, F8>(std::max(smem, dec_smem_max<S, F8>())) == cudaSuccess) {
+  if (dec_prepare<S, true, F8>(std::max(smem, dec_smem_max<F8>())) == cudaSuccess) {
     DecodeAttnArgs one = a;
     one.n_seqs = 1;
     one.n_kv_heads = 1;
@@ -1108,7 +1109,7 @@ int dec_cluster_capacity(const DecodeAttnArgs& a, const DeviceInfo& dd, int dev)
 template <int S, bool CLU, bool F8>
 cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, cudaStream_t st) {
   const int smem = dec_smem(a, dd, S);
-  cudaError_t e = dec_prepare<S, CLU, F8>(std::max(smem, dec_smem_max<S, F8>()));
+  cudaError_t e = dec_prepare<S, CLU, F8>(std::max(smem, dec_smem_max<F8>()));
   if (e != cudaSuccess) return e;
   return launch_kernel(a.pdl != 0, CLU ? a.max_splits : 0, decode_attn_kernel<S, CLU, F8>,
                        dim3(a.max_splits, a.n_kv_heads, a.n_seqs), dim3(kDecThreads), smem, st, a, p);
