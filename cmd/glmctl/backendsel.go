@@ -32,6 +32,12 @@ func addBackendFlags(f *pflag.FlagSet) {
 	f.String("kv-cache-dtype", backend.KVAuto, "KV cache element type: auto (cuda BF16, cpu float32) or fp8 (cuda: e4m3 with a scale per token and KV head; half the bytes, twice the tokens; needs --kv-block-size 16)")
 }
 
+// addPrefillWithDecodeFlag registers the engine's cap on prefill tokens in a
+// step that also decodes (generate, serve, bench).
+func addPrefillWithDecodeFlag(f *pflag.FlagSet) {
+	f.Int("max-prefill-with-decode", 0, fmt.Sprintf("most prefill tokens in a step that also decodes, so running streams keep short inter-token gaps (0 = engine default %d)", engine.DefaultMaxPrefillWithDecode))
+}
+
 // addSpeculativeFlags registers speculative decoding (generate, serve, bench).
 func addSpeculativeFlags(f *pflag.FlagSet) {
 	f.String("speculative", "", "speculative decoding: mtp (the checkpoint's multi-token-prediction layer drafts, the model verifies; docs/speculative.md), or empty for off")

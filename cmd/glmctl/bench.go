@@ -61,7 +61,7 @@ and failures by kind. --model is then the served model's name. See docs/bench.md
 	addSyntheticFlags(f)
 	f.Int("max-seqs", 0, "most sequences running at once (0 = engine default); must be >= every --concurrency")
 	f.Int("max-batched-tokens", 0, "token budget of one engine step (0 = engine default)")
-	f.Int("max-prefill-with-decode", 0, fmt.Sprintf("most prefill tokens in a step that also decodes, so running streams keep short inter-token gaps (0 = engine default %d)", engine.DefaultMaxPrefillWithDecode))
+	addPrefillWithDecodeFlag(f)
 	f.Bool("prefix-caching", false, "share KV blocks of common prompt prefixes (off: benchmarks measure compute, and random prompts share nothing)")
 	f.String("concurrency", "1,4,16", "comma-separated requests in flight, one run per value")
 	f.Int("input-len", 128, "prompt tokens per request")

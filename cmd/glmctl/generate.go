@@ -60,7 +60,7 @@ such a model has no tokenizer: give --prompt-ids, and the output is token ids.`,
 	f.Bool("ignore-eos", false, "do not stop at the model's end-of-sequence tokens")
 	f.Bool("json", false, "print one JSON object (text, token ids, usage, timings) instead of streaming")
 	f.Int("max-batched-tokens", engine.DefaultMaxBatchedTokens, "per-step token budget (prefill chunk size)")
-	f.Int("max-prefill-with-decode", 0, fmt.Sprintf("most prefill tokens in a step that also decodes, so running streams keep short inter-token gaps (0 = engine default %d)", engine.DefaultMaxPrefillWithDecode))
+	addPrefillWithDecodeFlag(f)
 	return cmd
 }
 

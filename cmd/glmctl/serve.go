@@ -58,7 +58,7 @@ rest and exits 0. Logs are JSON unless --log-format is given.`,
 	f.Int("max-queue", server.DefaultMaxQueue, "requests waiting for the engine before new ones get 429 (-1 = unbounded)")
 	f.Int("max-seqs", 0, "most sequences running at once (0 = engine default)")
 	f.Int("max-batched-tokens", 0, "token budget of one engine step (0 = engine default)")
-	f.Int("max-prefill-with-decode", 0, fmt.Sprintf("most prefill tokens in a step that also decodes, so running streams keep short inter-token gaps (0 = engine default %d)", engine.DefaultMaxPrefillWithDecode))
+	addPrefillWithDecodeFlag(f)
 	f.Int("max-model-len", 0, "most tokens (prompt + completion) of one request (0 = model context, capped by the KV cache)")
 	f.Bool("prefix-caching", true, "share KV blocks of common prompt prefixes between requests")
 	f.String("api-key", "", "require this key as \"Authorization: Bearer KEY\" or \"x-api-key: KEY\" on /v1/* (or GLMCTL_API_KEY)")
