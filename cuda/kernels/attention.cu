@@ -1409,7 +1409,9 @@ __device__ __forceinline__ int pf_tile_group(const int* bt, int k_begin, int k_e
                                              int j, int lane) {
   const int key = k_begin + kPfBN * j + 16 * lane;
   if (lane >= 4 || key >= k_end) return 0;
-  const int pg = key / bs;
+  // (A power-of-two block size, as the runtime's 16, by a shift: no integer
+  // division in the producer's loop.)
+  const int pg = (bs & (bs - 1)) == 0 ? key >> (__ffs(bs) - 1) : key / bs;
   const int off = key - pg * bs;
   return (int)(((int64_t)bt[pg] * n_kv + kvh) * (bs >> 4) + (off >> 4));
 }
@@ -1433,6 +1435,35 @@ __device__ __forceinline__ void pf_copy_tile(const __nv_bfloat16* kc, const __nv
     const uint32_t so = pf_chunk_off<WG>(kr, c, kPfBN);
     cp_async16_zfill(dst + so, ok ? kc + src : kc, ok ? 16 : 0);
     cp_async16_zfill(dst + kPfTileBytes + so, ok ? vc + src : vc, ok ? 16 : 0);
+  }
+}
+
+// pf_copy_tile<128, true> for the warp-specialized kernel's producer: the
+// same chunks into the same places, but thread tid's keys are r0 + 8i (r0 =
+// tid >> 4 < 8, i = 0..7), so its two keys of 16-key group b = i / 2 share
+// one cache group and their shared-memory chunks sit 1,024 bytes apart (the
+// swizzle depends on key % 8 = r0 only): the addresses are built once per
+// group, and only a tile that reaches k_end takes the zero-filling copy.
+// (The producer issued ~200 instructions a tile against ~300 a consumer warp.)
+__device__ __forceinline__ void pf_copy_tile_ws(const __nv_bfloat16* kc, const __nv_bfloat16* vc, int key0,
+                                                int k_end, uint32_t dst, int gj, int tid) {
+  if (key0 + kPfBN > k_end) {
+    pf_copy_tile<128, true>(kc, vc, key0, k_end, dst, gj, tid);
+    return;
+  }
+  const int c = tid & 15, r0 = (tid >> 4) & 7;
+  const uint32_t so = dst + pf_chunk_off<true>(r0, c, kPfBN);
+  const int off = r0 * kPfD + c * 8;
+#pragma unroll
+  for (int b = 0; b < kPfBN / 16; ++b) {
+    const int64_t grp = __shfl_sync(0xffffffffu, gj, b);
+    const __nv_bfloat16* ks = kc + grp * (16 * kPfD) + off;
+    const __nv_bfloat16* vs = vc + grp * (16 * kPfD) + off;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      cp_async16_zfill(so + (2 * b + h) * 1024, ks + h * 8 * kPfD, 16);
+      cp_async16_zfill(so + kPfTileBytes + (2 * b + h) * 1024, vs + h * 8 * kPfD, 16);
+    }
   }
 }
 
@@ -1913,7 +1944,13 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
 
   const PrefillItem it = a.items[blockIdx.x];
   const int kvh = blockIdx.y;
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  // wg through a shuffle: ptxas then knows it is warp-uniform, so the role
+  // branch and everything a consumer derives from wg and the tile index (the
+  // stages' addresses, the wgmma descriptors) live in uniform registers
+  // instead of being rebuilt in vector registers and moved over (R2UR) for
+  // every wgmma of every tile.
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0);
   const int g = lane >> 2, t = lane & 3;
   const int n_kv = a.n_kv_heads;
   const int G = a.n_q_heads / n_kv;
@@ -1979,8 +2016,7 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
       for (int j = 0; j < n_tiles; ++j) {
         const int stage = j % S;
         mbar_wait(bar_empty + 8 * stage, ((j / S) & 1) ^ 1);
-        pf_copy_tile<PT, true>(a.k_cache, a.v_cache, k_begin + kPfBN * j, k_end, kv_s + stage * kPfStageBytes, gj,
-                               tid);
+        pf_copy_tile_ws(a.k_cache, a.v_cache, k_begin + kPfBN * j, k_end, kv_s + stage * kPfStageBytes, gj, tid);
         cp_async_mbar_arrive(bar_full + 8 * stage);
         if (j + 1 < n_tiles) gj = tile_groups(j + 1);
       }
@@ -1993,7 +2029,8 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
     const int* wl = wlim_s + 8 * (wg - 1);
     const int wg_hi = max(max(wl[1], wl[3]), max(wl[5], wl[7]));
     // Tiles with some key before some row's limit: [0, n_eff); the rest only freed.
-    const int n_eff = min(n_tiles, max(0, (wg_hi - k_begin + kPfBN - 1) / kPfBN));
+    // (Broadcast from lane 0: the same in every lane, and so known uniform.)
+    const int n_eff = __shfl_sync(0xffffffffu, min(n_tiles, max(0, (wg_hi - k_begin + kPfBN - 1) / kPfBN)), 0);
 #pragma unroll
     for (int nd = 0; nd < 16; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.f;
     m_r[0] = m_r[1] = -INFINITY;
@@ -2010,23 +2047,28 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
       __syncwarp();
       mbar_arrive_if(bar_empty + 8 * (j % S), lane == 0);
     };
+    // Descriptors: each k-step's is its tile's first plus the step's byte
+    // offset / 16 (the address field is the low 14 bits of addr / 16, and no
+    // shared address carries out of it), so a tile builds one per operand.
+    const uint64_t dq = wgmma_desc(qw);
     auto issue_s = [&](int j) {
-      const uint32_t kb = kv_s + (j % S) * kPfStageBytes;
+      const uint64_t dk = wgmma_desc(kv_s + (j % S) * kPfStageBytes);
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk)
-        wgmma_m64n64k16_bf16_ss(sc, wgmma_desc(qw + (kk >> 2) * ROWS * 128 + (kk & 3) * 32),
-                                wgmma_desc(kb + (kk >> 2) * kPfBN * 128 + (kk & 3) * 32), kk);
+        wgmma_m64n64k16_bf16_ss(sc, dq + (((kk >> 2) * ROWS * 128 + (kk & 3) * 32) >> 4),
+                                dk + (((kk >> 2) * kPfBN * 128 + (kk & 3) * 32) >> 4), kk);
       wgmma_commit();
     };
     auto issue_pv = [&](int j) {
-      const uint32_t kb = kv_s + (j % S) * kPfStageBytes;
+      const uint32_t vb = kv_s + (j % S) * kPfStageBytes + kPfTileBytes;
       if constexpr (F8) {  // V transposed (pf_f8_store): K-major
+        const uint64_t dv = wgmma_desc(vb);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_bf16_rs(o, pa[kk], wgmma_desc(kb + kPfTileBytes + kk * 32));
+        for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_bf16_rs(o, pa[kk], dv + ((kk * 32) >> 4));
       } else {
+        const uint64_t dv = wgmma_desc_mn(vb, kPfBN * 128);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wgmma_m64n128k16_bf16_rs_tb(o, pa[kk], wgmma_desc_mn(kb + kPfTileBytes + kk * 2048, kPfBN * 128));
+        for (int kk = 0; kk < 4; ++kk) wgmma_m64n128k16_bf16_rs_tb(o, pa[kk], dv + ((kk * 2048) >> 4));
       }
       wgmma_commit();
     };
@@ -2079,20 +2121,25 @@ __global__ void __launch_bounds__(384, 1) prefill_attn_ws_kernel(PrefillAttnArgs
         pa[kk][3] = pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3]);
       }
     };
+    // O is rescaled only where some row of the warp has a new maximum (al <
+    // 1): past a row's first tiles its maximum seldom moves, and skipping a
+    // multiplication by exactly 1 changes no bit.
     auto rescale = [&](const float (&al)[2], const float (&sum)[2]) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        l_r[h] = l_r[h] * al[h] + sum[h];
+      for (int h = 0; h < 2; ++h) l_r[h] = l_r[h] * al[h] + sum[h];
+      if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll
-        for (int nd = 0; nd < 16; ++nd) {
-          o[nd][2 * h] *= al[h];
-          o[nd][2 * h + 1] *= al[h];
-        }
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int nd = 0; nd < 16; ++nd) {
+            o[nd][2 * h] *= al[h];
+            o[nd][2 * h + 1] *= al[h];
+          }
       }
     };
     // Tiles [0, n_full): every key before every row's limit (no mask).
     const int wg_lo = min(min(wl[0], wl[2]), min(wl[4], wl[6]));
-    const int n_full = min(n_eff, max(0, (wg_lo - k_begin) / kPfBN));
+    const int n_full = __shfl_sync(0xffffffffu, min(n_eff, max(0, (wg_lo - k_begin) / kPfBN)), 0);
     const std::true_type masked;
     const std::false_type unmasked;
     if (n_eff > 0) {

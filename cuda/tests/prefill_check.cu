@@ -2,7 +2,7 @@
 // flash attention on tensor cores over the paged BF16 cache, several new
 // tokens per sequence) against a float64 CPU reference, and times it.
 //
-//   prefill_check [--seed N] [--bench] [--bench-only] [--sweep] [--json FILE]
+//   prefill_check [--seed N] [--bench] [--bench-only] [--only SHAPE] [--sweep] [--json FILE]
 //
 // Correctness (default): random Q/K/V with per-sequence scales; shuffled
 // block ids with unrelated entries between tables; cache slots past each
@@ -23,7 +23,8 @@
 // launches, divided), causal TFLOP/s (4 * 128 * heads * visible keys
 // summed over tokens), and the old path (attention_paged + attention_merge,
 // FP32 on CUDA cores) up to 4k. The peer (PyTorch SDPA, same shapes) is
-// scripts/peer_prefill.py. --sweep: the launch knobs on three shapes.
+// scripts/peer_prefill.py. --only SHAPE: that bench shape alone (e.g.
+// prompt_8192, for ncu). --sweep: the launch knobs on three shapes.
 #include <atomic>
 #include <memory>
 #include <numeric>
@@ -490,6 +491,8 @@ static BenchOut bench_one(const BenchShape& b, bool with_old) {
   return r;
 }
 
+static const char* g_only = nullptr;  // --only: one bench shape
+
 static void bench(const char* json) {
   printf("\nattention_prefill bench: 12 q heads / 1 KV head, dim 128, block 16 (GLM-4.7 at TP8)\n");
   printf("ms: the default kernel (sm_90: warp-specialized at 128 rows, wgmma at 64), per launch of 4-32 back to "
@@ -501,6 +504,7 @@ static void bench(const char* json) {
   if (jf) fprintf(jf, "[\n");
   bool firstj = true;
   for (const BenchShape& b : bench_shapes()) {
+    if (g_only && b.name != g_only) continue;
     const BenchOut r = bench_one(b, true);
     const double mtf = std::isnan(r.mma_ms) ? NAN : r.tflops * r.ms / r.mma_ms;
     printf("%-22s %10.4f %8.1f %10s %8s %10s %8s %7d %6d | wg %.4f ws s3 %.4f s4 %.4f\n", b.name.c_str(), r.ms, r.tflops,
@@ -556,10 +560,11 @@ int main(int argc, char** argv) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
+    else if (!strcmp(argv[i], "--only") && i + 1 < argc) g_only = argv[++i];
     else if (!strcmp(argv[i], "--sweep")) do_sweep = only_bench = true;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else {
-      fprintf(stderr, "usage: prefill_check [--seed N] [--bench] [--bench-only] [--sweep] [--json FILE]\n");
+      fprintf(stderr, "usage: prefill_check [--seed N] [--bench] [--bench-only] [--only SHAPE] [--sweep] [--json FILE]\n");
       return 2;
     }
   }
