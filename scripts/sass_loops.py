@@ -60,7 +60,7 @@ def report(sass, name_filter, max_loop):
 
 
 def main():
-    args = [a for a in sys.argv[1:]]
+    args = list(sys.argv[1:])
     max_loop = 1000
     if "--max-loop" in args:
         i = args.index("--max-loop")

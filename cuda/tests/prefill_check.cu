@@ -568,6 +568,15 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (g_only) {  // a name no bench shape has is an error, not an empty table
+    bool known = false;
+    for (const BenchShape& b : bench_shapes()) known = known || b.name == g_only;
+    if (!known) {
+      fprintf(stderr, "prefill_check: --only %s: no such bench shape (prompt_512 .. prompt_32768, "
+              "chunk_2048_at_14336, batch8_prompt_1024)\n", g_only);
+      return 2;
+    }
+  }
   rng.seed(seed);
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
