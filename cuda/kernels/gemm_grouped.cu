@@ -636,7 +636,9 @@ struct WsConfig {
   static constexpr int A_PER = BM * kPieces / 128;  // A pieces a producer thread copies per stage
   static constexpr int BAR_BYTES = 16 * STAGES;     // full[STAGES], empty[STAGES]
   static constexpr int SCALE_FLOATS = 64 + 2 * BN;  // per consumer: x scales, w scales, bias
-  static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + BAR_BYTES + CONSUMERS * SCALE_FLOATS * 4;
+  // The dynamic tile queue (tile_ctr): tile_full[2], tile_empty[2], the two tile slots.
+  static constexpr int QUEUE_BYTES = 48;
+  static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + BAR_BYTES + CONSUMERS * SCALE_FLOATS * 4 + QUEUE_BYTES;
   static constexpr int PRODUCER_REGS = 72, CONSUMER_REGS = 216;
   static_assert(BN == 128 || BN == 256, "consumer tile: chains of m64n128k32");
   static_assert(BN <= 256, "TMA box rows");
@@ -650,10 +652,23 @@ using CfgW128x256Fast = WsConfig<256, 4, true>;
 
 // m_bound: the host's bound on the m-tiles (the grid of the F kernel); tiles
 // past it are dropped as there, so both kernels read the same bounds.
+// tile_ctr (GroupedTcTuning::tile_counter): null — CTA c takes tiles c,
+// c + grid, ... in raster order; else CTA c takes tile c first and each
+// further tile from tile_ctr[0] (atomicAdd, offset by the grid), so a CTA
+// whose tiles were cheap (the shared expert's, computed from L2) takes more of
+// them than one streaming a routed expert's weights from HBM, and the launch
+// ends when the work does rather than after the static stride's last round
+// (a 2k prefill's gate|up: 432 tiles, 3.27 rounds of 132). Producer thread 0
+// fetches the index and hands it to the CTA's 12 warps through a two-slot
+// queue in shared memory (a full mbarrier, one arrival, and an empty one, one
+// arrival a warp); the CTA that fetches the last index past the end resets
+// tile_ctr[0..1] to zero for the next launch (tile_ctr[1] counts the CTAs
+// done fetching). Every tile is still one CTA's whole-K sum: the same bits in
+// either mode.
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     grouped_ws_kernel(const __grid_constant__ CUtensorMap wmap, StreamGemmArgs a, __nv_bfloat16* y16,
-                      int n_tiles, int panel, int m_bound) {
+                      int n_tiles, int panel, int m_bound, int* tile_ctr) {
 #if defined(GLMK_HAS_WGMMA)
   extern __shared__ uint8_t smem_raw[];
   pdl_launch_dependents();
@@ -662,10 +677,16 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t bar_full = sbase + C::STAGES * C::STAGE_BYTES, bar_empty = bar_full + 8 * C::STAGES;
   float* const s_scales = reinterpret_cast<float*>(sgen + C::STAGES * C::STAGE_BYTES + C::BAR_BYTES);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const uint32_t q_base = bar_full + C::BAR_BYTES + C::CONSUMERS * C::SCALE_FLOATS * 4;
+  const uint32_t q_full = q_base, q_empty = q_base + 16, q_slot = q_base + 32;  // [2] each
   if (tid == 0) {
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(bar_full + 8 * s, 128 + 1);           // the producers' cp.async arrivals + the TMA's
       mbar_init(bar_empty + 8 * s, 4 * C::CONSUMERS);  // one per consumer warp
+    }
+    for (int s = 0; s < 2; ++s) {
+      mbar_init(q_full + 8 * s, 1);
+      mbar_init(q_empty + 8 * s, C::THREADS / 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -684,6 +705,34 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   };
   const int KT = a.K / kBK;
   const int64_t K = a.K;
+  // The CTA's i-th tile (block-uniform). Dynamic: thread 0 fetches it into
+  // slot i % 2 once the slot's previous tile has been read by every warp.
+  auto next_tile = [&](int i) -> int {
+    if (!tile_ctr) return blockIdx.x + i * gridDim.x;
+    const int slot = i & 1;
+    const uint32_t par = (uint32_t)(i >> 1) & 1u;
+    if (tid == 0) {
+      if (i >= 2) mbar_wait(q_empty + 8 * slot, par ^ 1u);
+      const int L = i == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(tile_ctr, 1);
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(q_slot + 4 * slot), "r"(L) : "memory");
+      mbar_arrive(q_full + 8 * slot);
+      if (L >= total) {
+        // This CTA fetches no more; the last one to get here resets the
+        // counters (every CTA's fetches precede its count).
+        __threadfence();
+        if (atomicAdd(tile_ctr + 1, 1) == (int)gridDim.x - 1) {
+          atomicExch(tile_ctr, 0);
+          atomicExch(tile_ctr + 1, 0);
+        }
+      }
+    }
+    mbar_wait(q_full + 8 * slot, par);
+    int L;
+    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(L) : "r"(q_slot + 4 * slot) : "memory");
+    __syncwarp();
+    if (lane == 0) mbar_arrive(q_empty + 8 * slot);
+    return L;
+  };
 
   if (wg == 0) {
     // Producer warpgroup.
@@ -691,7 +740,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const int piece = tid & 7, prow = tid >> 3;  // A rows prow + 16 i, 16-byte piece `piece`
     int stage = 0;
     uint32_t phase = 0;
-    for (int L = blockIdx.x; L < total; L += gridDim.x) {
+    for (int i = 0;; ++i) {
+      const int L = next_tile(i);
+      if (L >= total) break;
       int t, nt, grp = 0, row0 = 0, rows = 0;
       tile_of(L, t, nt);
       find_m_tile<C::BM>(a.group_offsets, a.groups, a.M, t, grp, row0, rows);
@@ -732,7 +783,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const uint32_t a_off = cw * 64 * kBK;
     int stage = 0;
     uint32_t phase = 0;
-    for (int L = blockIdx.x; L < total; L += gridDim.x) {
+    for (int i = 0;; ++i) {
+      const int L = next_tile(i);
+      if (L >= total) break;
       int t, nt, grp = 0, row0 = 0, rows = 0;
       tile_of(L, t, nt);
       find_m_tile<C::BM>(a.group_offsets, a.groups, a.M, t, grp, row0, rows);
@@ -886,7 +939,7 @@ cudaError_t launch_grouped(const StreamGemmArgs& a, __nv_bfloat16* y16, int pane
 }
 
 template <class C>
-cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, cudaStream_t st) {
+cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, int* tile_ctr, cudaStream_t st) {
   static std::atomic<bool> ready[kMaxDevices];  // the smem limit raised
   int dev = 0;
   DeviceInfo di;
@@ -912,7 +965,7 @@ cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, cu
   if (m_tiles * n_tiles > 0x7fffffff) return cudaErrorInvalidValue;  // tiles are int in the kernel
   const int grid = (int)std::min<int64_t>(m_tiles * n_tiles, num_sms);
   grouped_ws_kernel<C><<<grid, C::THREADS, C::SMEM, st>>>(map, a, y16, n_tiles, panel <= 0 ? 1 : panel,
-                                                          (int)m_tiles);
+                                                          (int)m_tiles, tile_ctr);
   return cudaGetLastError();
 }
 
@@ -975,9 +1028,9 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
     case kGroupedTcF128x256: return launch_grouped<CfgF128x256>(a, y16, panel, st);
     case kGroupedTcF64x256: return launch_grouped<CfgF64x256>(a, y16, panel, st);
     case kGroupedTcM64x128: return launch_grouped<CfgM64x128>(a, y16, panel, st);
-    case kGroupedTcW128x256: return launch_ws<CfgW128x256>(a, y16, panel, st);
-    case kGroupedTcW128x128: return launch_ws<CfgW128x128>(a, y16, panel, st);
-    case kGroupedTcW128x256Fast: return launch_ws<CfgW128x256Fast>(a, y16, panel, st);
+    case kGroupedTcW128x256: return launch_ws<CfgW128x256>(a, y16, panel, tu.tile_counter, st);
+    case kGroupedTcW128x128: return launch_ws<CfgW128x128>(a, y16, panel, tu.tile_counter, st);
+    case kGroupedTcW128x256Fast: return launch_ws<CfgW128x256Fast>(a, y16, panel, tu.tile_counter, st);
     default: return cudaErrorInvalidValue;
   }
 }

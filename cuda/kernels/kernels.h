@@ -530,6 +530,11 @@ struct GroupedTcTuning {
   // 2 the same but W128x256Fast for the W tile (fastest; the precision of
   // CUTLASS's FP8FastAccum kernels, which vLLM runs for FP8 linears on sm_90).
   int fp8_accum = 0;
+  // W tiles only: two zeroed ints on the device, the launch's tile queue
+  // (CTAs take tiles as they finish instead of a fixed stride; the launch
+  // leaves them zero again). One pair per stream: launches that share it must
+  // not overlap. null: the fixed stride. The same outputs bit for bit.
+  int* tile_counter = nullptr;
 };
 cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tune,
                                       cudaStream_t st);

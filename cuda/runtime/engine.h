@@ -131,6 +131,10 @@ struct Rank {
   size_t lin_parts_floats = 0;
   float* router_logits = nullptr;
   int *topk_ids = nullptr, *offsets = nullptr, *sorted_rows = nullptr, *inv = nullptr;
+  // The prefill experts' GEMMs' tile queue (GroupedTcTuning::tile_counter):
+  // two ints, zero between launches; the rank's launches are serialized on
+  // its stream.
+  int* tile_queue = nullptr;
   float* topk_w = nullptr;
   float *part_o = nullptr, *part_ml = nullptr;
   __nv_bfloat16* final_bf16 = nullptr;

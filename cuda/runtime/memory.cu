@@ -317,6 +317,8 @@ int alloc_workspaces(Engine& e, Rank& r) {
     GLMRT_TRY(A(&r.offsets, (size_t)r.groups + 1, "expert offsets"));
     GLMRT_TRY(A(&r.sorted_rows, rows_moe, "sorted rows"));
     GLMRT_TRY(A(&r.inv, rows_moe, "sorted positions"));
+    GLMRT_TRY(A(&r.tile_queue, 2, "expert GEMM tile queue"));
+    GLMRT_CUDA(cudaMemset(r.tile_queue, 0, 2 * sizeof(int)), "zero the expert GEMM tile queue");
   }
   GLMRT_TRY(A(&r.split_ws, (size_t)16 * 64 * max_n, "split-K partials"));
   if (!e.exact) {

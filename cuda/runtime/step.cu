@@ -1315,6 +1315,11 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // wait for a 128-K chain to retire.
   glmk::GroupedTcTuning gtc;
   gtc.fp8_accum = 2;
+  // The W tile's CTAs take tiles from a queue: a 2k prefill's gate|up is 432
+  // tiles of unequal cost (a routed expert's streamed from HBM, the shared
+  // expert's from L2) over 132 SMs, where a fixed stride left 96 SMs idle
+  // through a last round of 36.
+  gtc.tile_counter = r.tile_queue;
   const bool grouped_tc = experts_grouped_tc(e, m);
   if (grouped_tc) g.M = T * d.slots;  // bounds the tiles (the streaming form leaves M unset)
   // On that path gate|up comes out in BF16 (the SiLU kernel widens it back):

@@ -64,6 +64,7 @@ static void fill_fp8_host(std::vector<uint8_t>& v) {
 }
 
 static int g_major = 0;  // compute capability of device 0
+static int* g_tile_ctr = nullptr;  // two zeroed ints: the W tiles' tile queue (GroupedTcTuning::tile_counter)
 
 static const char* tile_name(int t) {
   static const char* names[] = {"auto",    "E128x256", "E128x128", "E64x128",  "F128x256",
@@ -234,6 +235,21 @@ static void check_case(const GroupedCase& c) {
     if (is_w_tile(tu.tile) && !y_f.empty())
       report("grouped_tc W vs F", fmt("%s %s bitwise", shape.c_str(), tuning_name(tu).c_str()),
              memcmp(y.data(), y_f.data(), y.size() * 4) ? 1.0 : 0.0, 0.0);
+    if (is_w_tile(tu.tile) || tu.tile == kGroupedTcW128x256Fast) {
+      // The tile queue: the same bits as the fixed stride, twice in a row
+      // (the launch leaves its counters zero for the next).
+      GroupedTcTuning tq = tu;
+      tq.tile_counter = g_tile_ctr;
+      for (int rep = 0; rep < 2; ++rep) {
+        const std::vector<float> yq = run(tq);
+        int ctr[2] = {-1, -1};
+        CK(cudaMemcpy(ctr, g_tile_ctr, sizeof ctr, cudaMemcpyDeviceToHost));
+        report("grouped_tc tile queue",
+               fmt("%s %s launch %d bitwise, counters %d %d", shape.c_str(), tuning_name(tu).c_str(), rep + 1, ctr[0],
+                   ctr[1]),
+               memcmp(y.data(), yq.data(), y.size() * 4) || ctr[0] || ctr[1] ? 1.0 : 0.0, 0.0);
+      }
+    }
     const size_t outside = touched_outside(y, total, M, N, ldy);
     const double err = rel_err(written(y, total, N, ldy), ref);
     report("gemm_fp8_grouped_tc",
@@ -253,6 +269,9 @@ static void check_case(const GroupedCase& c) {
   if (g_major == 9) {
     graphed.push_back({kGroupedTcW128x256, 0, 0});
     graphed.push_back({kGroupedTcW128x256Fast, 0, 0});
+    GroupedTcTuning tq{kGroupedTcW128x256Fast, 0, 0};
+    tq.tile_counter = g_tile_ctr;  // replayed twice: the counters reset inside the graph
+    graphed.push_back(tq);
   }
   for (const GroupedTcTuning& tu : graphed) {
     const std::vector<float> yd = tu.tile == kGroupedTcAuto ? y1 : run(tu);
@@ -269,7 +288,8 @@ static void check_case(const GroupedCase& c) {
     CK(cudaGraphLaunch(exec, s));
     CK(cudaStreamSynchronize(s));
     const std::vector<float> yg = dY.down();
-    report("grouped_tc graph", fmt("%s %s replay bitwise", shape.c_str(), tuning_name(tu).c_str()),
+    report("grouped_tc graph", fmt("%s %s%s replay bitwise", shape.c_str(), tuning_name(tu).c_str(),
+                                   tu.tile_counter ? " queue" : ""),
            memcmp(yd.data(), yg.data(), yd.size() * 4) ? 1.0 : 0.0, 0.0);
     CK(cudaGraphExecDestroy(exec));
     CK(cudaGraphDestroy(graph));
@@ -486,11 +506,13 @@ static void bench(bool sweep, bool profile, int profile_point) {
   printf("F128x256 / W128x256 / W128x128 / W256F (W128x256Fast): the lockstep F tile and the warp-specialized\n"
          "ones, forced\n");
   printf("M+sh: M routed rows plus the shared expert's M rows as a 21st group (TFLOP/s over all 2M rows)\n");
-  printf("%-8s %8s %5s | %9s %8s %7s | %9s %8s | %9s %8s %7s | %7s | %8s %7s | %8s %7s %7s | %8s %7s | %8s %7s %7s\n",
+  printf("W256F q: W256F taking its tiles from a queue (GroupedTcTuning::tile_counter), as the runtime does\n");
+  printf("%-8s %8s %5s | %9s %8s %7s | %9s %8s | %9s %8s %7s | %7s | %8s %7s | %8s %7s %7s | %8s %7s | %8s %7s %7s | %8s "
+         "%7s\n",
          "gemm",
          "M", "maxg", "exact ms", "TFLOP/s", "w TB/s", "fp8acc ms", "TFLOP/s", "stream ms", "TFLOP/s", "w TB/s",
          "speedup", "F256 ms", "TFLOP/s", "W256 ms", "TFLOP/s", "w TB/s", "W128 ms", "TFLOP/s", "W256F ms", "TFLOP/s",
-         "w TB/s");
+         "w TB/s", "W256F q", "TFLOP/s");
   for (const Shape& sh : shapes) {
     const size_t wbytes = (size_t)E * sh.N * sh.K, wstride = (size_t)(E + 1) * sh.N * sh.K;
     Dev<uint8_t> W(wstride * sh.copies);
@@ -571,6 +593,9 @@ static void bench(bool sweep, bool profile, int profile_point) {
       const float w_ms = h ? tc_ms({kGroupedTcW128x256, 0, 0}) : 0.f;
       const float w2_ms = h ? tc_ms({kGroupedTcW128x128, 0, 0}) : 0.f;
       const float wf_ms = h ? tc_ms({kGroupedTcW128x256Fast, 0, 0}) : 0.f;
+      GroupedTcTuning tq{kGroupedTcW128x256Fast, 0, 0};
+      tq.tile_counter = g_tile_ctr;
+      const float wq_ms = h ? tc_ms(tq) : 0.f;
       auto tf = [&](float t) { return t > 0 ? flop / (t * 1e-3) / 1e12 : 0.0; };
       if (sweep) {
         std::string line;
@@ -583,10 +608,10 @@ static void bench(bool sweep, bool profile, int profile_point) {
       const std::string mname = fmt("%d%s", M, shared ? "+sh" : "");
       auto tbs = [&](float t) { return t > 0 ? wread / (t * 1e-3) / 1e12 : 0.0; };
       printf("%-8s %8s %5d | %9.4f %8.1f %7.2f | %9.4f %8.1f | %9.4f %8.1f %7.2f | %6.1fx | %8.4f %7.1f | %8.4f %7.1f "
-             "%7.2f | %8.4f %7.1f | %8.4f %7.1f %7.2f\n",
+             "%7.2f | %8.4f %7.1f | %8.4f %7.1f %7.2f | %8.4f %7.1f\n",
              sh.name, mname.c_str(), maxc, ms, tf(ms), tbs(ms), fms, tf(fms), sms, tf(sms), tbs(sms),
              sms > 0 ? sms / ms : 0.0, f_ms, tf(f_ms), w_ms, tf(w_ms), tbs(w_ms), w2_ms, tf(w2_ms), wf_ms, tf(wf_ms),
-             tbs(wf_ms));
+             tbs(wf_ms), wq_ms, tf(wq_ms));
       fflush(stdout);
     }
   }
@@ -619,6 +644,8 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   g_major = prop.major;
+  CK(cudaMalloc(&g_tile_ctr, 2 * sizeof(int)));
+  CK(cudaMemset(g_tile_ctr, 0, 2 * sizeof(int)));
   printf("device: %s, %d SMs, sm_%d%d, seed %llu\n", prop.name, prop.multiProcessorCount, prop.major, prop.minor,
          (unsigned long long)seed);
   if (!only_bench) {
