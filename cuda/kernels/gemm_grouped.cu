@@ -635,10 +635,14 @@ struct WsConfig {
   static constexpr int A_BYTES = BM * kBK, B_BYTES = BN * kBK, STAGE_BYTES = A_BYTES + B_BYTES;
   static constexpr int A_PER = BM * kPieces / 128;  // A pieces a producer thread copies per stage
   static constexpr int BAR_BYTES = 16 * STAGES;     // full[STAGES], empty[STAGES]
-  static constexpr int SCALE_FLOATS = 64 + 2 * BN;  // per consumer: x scales, w scales, bias
-  // The dynamic tile queue (tile_ctr): tile_full[2], tile_empty[2], the two tile slots.
-  static constexpr int QUEUE_BYTES = 48;
-  static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + BAR_BYTES + CONSUMERS * SCALE_FLOATS * 4 + QUEUE_BYTES;
+  // A tile's epilogue factors (x scales, w scales, bias), two tiles' worth:
+  // the producer gathers them while the consumers run the mainloop.
+  static constexpr int SCALE_FLOATS = BM + 2 * BN;
+  // mbarriers q_full[2], q_empty[2] (the tile queue), sc_full[2], sc_empty[2]
+  // (the scale slots), then the queue's two tile slots (int4: tile, group,
+  // first row, rows).
+  static constexpr int QUEUE_BYTES = 96;
+  static constexpr int SMEM = 1024 + STAGES * STAGE_BYTES + BAR_BYTES + 2 * SCALE_FLOATS * 4 + QUEUE_BYTES;
   static constexpr int PRODUCER_REGS = 72, CONSUMER_REGS = 216;
   static_assert(BN == 128 || BN == 256, "consumer tile: chains of m64n128k32");
   static_assert(BN <= 256, "TMA box rows");
@@ -677,8 +681,9 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   const uint32_t bar_full = sbase + C::STAGES * C::STAGE_BYTES, bar_empty = bar_full + 8 * C::STAGES;
   float* const s_scales = reinterpret_cast<float*>(sgen + C::STAGES * C::STAGE_BYTES + C::BAR_BYTES);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-  const uint32_t q_base = bar_full + C::BAR_BYTES + C::CONSUMERS * C::SCALE_FLOATS * 4;
-  const uint32_t q_full = q_base, q_empty = q_base + 16, q_slot = q_base + 32;  // [2] each
+  const uint32_t q_base = bar_full + C::BAR_BYTES + 2 * C::SCALE_FLOATS * 4;
+  const uint32_t q_full = q_base, q_empty = q_base + 16, sc_full = q_base + 32, sc_empty = q_base + 48;  // [2] each
+  const uint32_t q_slot = q_base + 64;                                                                   // [2] int4
   if (tid == 0) {
     for (int s = 0; s < C::STAGES; ++s) {
       mbar_init(bar_full + 8 * s, 128 + 1);           // the producers' cp.async arrivals + the TMA's
@@ -687,6 +692,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     for (int s = 0; s < 2; ++s) {
       mbar_init(q_full + 8 * s, 1);
       mbar_init(q_empty + 8 * s, C::THREADS / 32);
+      mbar_init(sc_full + 8 * s, 128);                // every producer thread, after its stores
+      mbar_init(sc_empty + 8 * s, 4 * C::CONSUMERS);  // one per consumer warp, after the epilogue
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -705,33 +712,55 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   };
   const int KT = a.K / kBK;
   const int64_t K = a.K;
-  // The CTA's i-th tile (block-uniform). Dynamic: thread 0 fetches it into
-  // slot i % 2 once the slot's previous tile has been read by every warp.
-  auto next_tile = [&](int i) -> int {
-    if (!tile_ctr) return blockIdx.x + i * gridDim.x;
+  // The CTA's i-th tile (block-uniform), handed to all 12 warps through tile
+  // slot i % 2: producer warp 0 takes the index (the fixed stride, or with
+  // tile_ctr the queue), finds its m-tile's group and rows (a warp-wide
+  // search of group_offsets) and publishes them once the slot's previous tile
+  // has been read by every warp, a tile ahead of the consumers, so no
+  // consumer waits on a global load between its tiles.
+  struct TileInfo {
+    int L, grp, row0, rows;
+  };
+  auto next_tile = [&](int i) -> TileInfo {
     const int slot = i & 1;
     const uint32_t par = (uint32_t)(i >> 1) & 1u;
-    if (tid == 0) {
+    if (warp == 0) {
       if (i >= 2) mbar_wait(q_empty + 8 * slot, par ^ 1u);
-      const int L = i == 0 ? (int)blockIdx.x : (int)gridDim.x + atomicAdd(tile_ctr, 1);
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(q_slot + 4 * slot), "r"(L) : "memory");
-      mbar_arrive(q_full + 8 * slot);
-      if (L >= total) {
-        // This CTA fetches no more; the last one to get here resets the
-        // counters (every CTA's fetches precede its count).
-        __threadfence();
-        if (atomicAdd(tile_ctr + 1, 1) == (int)gridDim.x - 1) {
-          atomicExch(tile_ctr, 0);
-          atomicExch(tile_ctr + 1, 0);
+      int L = 0;
+      if (lane == 0)
+        L = !tile_ctr || i == 0 ? (int)blockIdx.x + i * (int)gridDim.x : (int)gridDim.x + atomicAdd(tile_ctr, 1);
+      L = __shfl_sync(0xffffffffu, L, 0);
+      int grp = 0, row0 = 0, rows = 0;
+      if (L < total) {
+        int t, nt;
+        tile_of(L, t, nt);
+        find_m_tile<C::BM>(a.group_offsets, a.groups, a.M, t, grp, row0, rows);
+      }
+      if (lane == 0) {
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_slot + 16 * slot), "r"(L), "r"(grp),
+                     "r"(row0), "r"(rows)
+                     : "memory");
+        mbar_arrive(q_full + 8 * slot);
+        if (tile_ctr && L >= total) {
+          // This CTA fetches no more; the last one to get here resets the
+          // counters (every CTA's fetches precede its count).
+          __threadfence();
+          if (atomicAdd(tile_ctr + 1, 1) == (int)gridDim.x - 1) {
+            atomicExch(tile_ctr, 0);
+            atomicExch(tile_ctr + 1, 0);
+          }
         }
       }
     }
     mbar_wait(q_full + 8 * slot, par);
-    int L;
-    asm volatile("ld.shared.b32 %0, [%1];" : "=r"(L) : "r"(q_slot + 4 * slot) : "memory");
+    TileInfo ti;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(ti.L), "=r"(ti.grp), "=r"(ti.row0), "=r"(ti.rows)
+                 : "r"(q_slot + 16 * slot)
+                 : "memory");
     __syncwarp();
     if (lane == 0) mbar_arrive(q_empty + 8 * slot);
-    return L;
+    return ti;
   };
 
   if (wg == 0) {
@@ -741,16 +770,32 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     int stage = 0;
     uint32_t phase = 0;
     for (int i = 0;; ++i) {
-      const int L = next_tile(i);
-      if (L >= total) break;
-      int t, nt, grp = 0, row0 = 0, rows = 0;
-      tile_of(L, t, nt);
-      find_m_tile<C::BM>(a.group_offsets, a.groups, a.M, t, grp, row0, rows);
+      const TileInfo ti = next_tile(i);
+      if (ti.L >= total) break;
+      int t, nt;
+      tile_of(ti.L, t, nt);
+      const int grp = ti.grp, row0 = ti.row0, rows = ti.rows;
       int xr[C::A_PER];
 #pragma unroll
       for (int i = 0; i < C::A_PER; ++i) {
         const int r = prow + 16 * i;
         xr[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
+      }
+      // The epilogue's factors, requested now (the loads are in flight while
+      // the stages below are issued) and stored into scale slot i % 2 after
+      // the last stage: the consumers read them only after their mainloop.
+      // (Loaded by the consumers at the tile's start, their dependent loads
+      // kept the tensor cores waiting at every tile boundary.)
+      constexpr int WPT = C::BN / 128;
+      float xs_v[C::A_PER], ws_v[WPT], bias_v[WPT];
+#pragma unroll
+      for (int i = 0; i < C::A_PER; ++i) xs_v[i] = piece == 0 && xr[i] >= 0 ? a.x_scale[xr[i]] : 0.f;
+#pragma unroll
+      for (int j = 0; j < WPT; ++j) {
+        const int n = nt * C::BN + tid + 128 * j;
+        const bool in = n < a.N;
+        ws_v[j] = in ? a.w_scale[(int64_t)grp * a.N + n] : 0.f;
+        bias_v[j] = in && a.bias ? a.bias[(int64_t)grp * a.N + n] : 0.f;
       }
       const int wrow = grp * a.N + nt * C::BN;
       for (int kt = 0; kt < KT; ++kt) {
@@ -769,43 +814,39 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         cp_async_mbar_arrive(full);
         if (++stage == C::STAGES) stage = 0, phase ^= 1;
       }
+      {
+        const int b = i & 1;
+        if (i >= 2) mbar_wait(sc_empty + 8 * b, ((uint32_t)(i >> 1) & 1u) ^ 1u);  // tile i - 2's epilogue done
+        float* const sx = s_scales + b * C::SCALE_FLOATS;
+        if (piece == 0) {
+#pragma unroll
+          for (int i = 0; i < C::A_PER; ++i) sx[prow + 16 * i] = xs_v[i];
+        }
+#pragma unroll
+        for (int j = 0; j < WPT; ++j) {
+          sx[C::BM + tid + 128 * j] = ws_v[j];
+          sx[C::BM + C::BN + tid + 128 * j] = bias_v[j];
+        }
+        mbar_arrive(sc_full + 8 * b);
+      }
     }
     cp_async_wait<0>();
   } else {
     // Consumer warpgroup cw: tile rows [64 cw, +64) x all BN channels, as
     // BN / 128 chains of four m64n128k32 per stage.
     setmaxnreg_inc<C::CONSUMER_REGS>();
-    const int cw = wg - 1, ctid = tid - 128 * wg;
-    float* const s_xs = s_scales + cw * C::SCALE_FLOATS;  // [64]
-    float* const s_ws = s_xs + 64;                        // [BN]
-    float* const s_bias = s_ws + C::BN;                   // [BN]
+    const int cw = wg - 1;
     const int g = lane >> 2, c4 = lane & 3;
     const uint32_t a_off = cw * 64 * kBK;
     int stage = 0;
     uint32_t phase = 0;
     for (int i = 0;; ++i) {
-      const int L = next_tile(i);
-      if (L >= total) break;
-      int t, nt, grp = 0, row0 = 0, rows = 0;
-      tile_of(L, t, nt);
-      find_m_tile<C::BM>(a.group_offsets, a.groups, a.M, t, grp, row0, rows);
+      const TileInfo ti = next_tile(i);
+      if (ti.L >= total) break;
+      int t, nt;
+      tile_of(ti.L, t, nt);
+      const int grp = ti.grp, row0 = ti.row0, rows = ti.rows;
       const int n0 = nt * C::BN;
-      named_bar_sync(1 + cw, 128);  // the previous tile's epilogue has read the scales
-      if (ctid < 64) {
-        const int r = 64 * cw + ctid;
-        float v = 0.f;
-        if (r < rows) {
-          const int p = row0 + r;
-          v = a.x_scale[a.x_rows ? a.x_rows[p] : p];
-        }
-        s_xs[ctid] = v;
-      }
-      for (int c = ctid; c < C::BN; c += 128) {
-        const int n = n0 + c;
-        const bool in = n < a.N;
-        s_ws[c] = in ? a.w_scale[(int64_t)grp * a.N + n] : 0.f;
-        s_bias[c] = in && a.bias ? a.bias[(int64_t)grp * a.N + n] : 0.f;
-      }
       const bool active = 64 * cw < rows;  // warpgroup-uniform
       // acc[half][i]: channels 128 half + (the m64n128 layout's index i).
       float acc[C::BN / 128][64];
@@ -872,7 +913,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           if (++stage == C::STAGES) stage = 0, phase ^= 1;
         }
       }
-      named_bar_sync(1 + cw, 128);  // the scales are published
+      const int b = i & 1;
+      mbar_wait(sc_full + 8 * b, (uint32_t)(i >> 1) & 1u);  // the producer has stored this tile's factors
+      const float* const s_xs = s_scales + b * C::SCALE_FLOATS + 64 * cw;  // [64] this warpgroup's rows
+      const float* const s_ws = s_scales + b * C::SCALE_FLOATS + C::BM;    // [BN]
+      const float* const s_bias = s_ws + C::BN;                            // [BN]
       if (active) {
         // Accumulator 4j + e (acc[j / 16][4 (j % 16) + e]): row 16 * (warp % 4) + g + 8 * (e >> 1),
         // channel 8j + 2 * c4 + (e & 1).
@@ -892,6 +937,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           store2(rl + 8, 8 * j + 2 * c4, v[2], v[3]);
         }
       }
+      __syncwarp();
+      if (lane == 0) mbar_arrive(sc_empty + 8 * b);  // this warp is done with the slot
     }
   }
 #endif
