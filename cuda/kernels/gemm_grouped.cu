@@ -601,9 +601,12 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 // Two consumer warpgroups (64 rows x BN channels each) wait on a stage's full
 // barrier, run their chains and arrive on its empty barrier, which the
 // producer waits on before refilling the slot. The CTAs are persistent (one
-// per SM), striding over the (m-tile, n-tile) list in raster order, so the
-// producer loads the next tile's first stages during a tile's last chains and
-// epilogue. setmaxnreg gives the producer's registers to the consumers
+// per SM), taking the (m-tile, n-tile) list in raster order by a fixed stride
+// or from a queue (tile_ctr), so the producer loads the next tile's first
+// stages during a tile's last chains and epilogue. The producer also finds
+// each tile's group and rows and gathers its epilogue factors (x scales, w
+// scales, bias) into shared memory a tile ahead, so the consumers go from one
+// tile's epilogue to the next tile's chains without a global load. setmaxnreg gives the producer's registers to the consumers
 // (128 x 72 + 256 x 216 = 384 x 168). The producer needs ~72: at 40 (the
 // consumers at 232) ptxas kept its eight gathered row indices and addresses in
 // local memory, ~8 spill loads a thread per stage (ncu: 1.2 M local requests
@@ -626,6 +629,76 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 // this one's retire (wait_group 1), and a stage's slot is released once the
 // chains after it are issued, the pattern of CUTLASS's FP8FastAccum
 // mainloops.
+// Groups of at least kHeavyMTiles m-tiles are "heavy": their weight tiles are
+// reused over several m-tiles (from L2), so their tiles wait on the tensor
+// cores; a one-m-tile group's tiles (a routed expert at a 2k prefill: ~100
+// rows) stream their weights from HBM once and wait on it. The W tiles take
+// the two kinds interleaved (interleave_m_tile) so that both are busy in every
+// round. H200, 2026-11-29: a 2k prefill's gate|up + shared 0.184 -> 0.170 ms
+// (grouped_check), TTFT 48.2 -> 47.8 ms; with 4 as the threshold (3a of the
+// eleventh session's light / heavy split) the 4k and 8k prompts, whose routed
+// experts hold 2-4 m-tiles, were 0.5% slower.
+constexpr int kHeavyMTiles = 2;
+
+// The m-tiles of the light (heavy = false) or heavy groups, warp-uniform.
+template <int BM>
+__device__ int count_m_tiles_of(const int* __restrict__ offs, int groups, bool heavy) {
+  const int lane = threadIdx.x & 31;
+  int s = 0;
+  for (int g = lane; g < groups; g += 32) {
+    const int n = offs[g + 1] - offs[g];
+    const int tiles = n > 0 ? (n + BM - 1) / BM : 0;
+    s += (tiles >= kHeavyMTiles) == heavy ? tiles : 0;
+  }
+#pragma unroll
+  for (int d = 16; d > 0; d >>= 1) s += __shfl_xor_sync(0xffffffffu, s, d);
+  return s;
+}
+
+// find_m_tile over the light or the heavy groups only: the k-th m-tile of that
+// kind, in group order (a warp-wide search, as find_m_tile).
+template <int BM>
+__device__ bool find_m_tile_of(const int* __restrict__ offs, int groups, bool heavy, int k, int& grp, int& row0,
+                               int& rows) {
+  const int lane = threadIdx.x & 31;
+  int seen = 0;
+  for (int g0 = 0; g0 < groups; g0 += 32) {
+    const int g = g0 + lane;
+    const int lo = g < groups ? offs[g] : 0, hi = g < groups ? offs[g + 1] : 0;
+    const int n = hi - lo;
+    int tiles = n > 0 ? (n + BM - 1) / BM : 0;
+    if ((tiles >= kHeavyMTiles) != heavy) tiles = 0;
+    int s = tiles;  // inclusive scan over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int v = __shfl_up_sync(0xffffffffu, s, d);
+      if (lane >= d) s += v;
+    }
+    const int first = seen + s - tiles;
+    const unsigned owner = __ballot_sync(0xffffffffu, k >= first && k < first + tiles);
+    if (owner) {
+      const int src = __ffs(owner) - 1;
+      const int j = k - __shfl_sync(0xffffffffu, first, src);
+      grp = g0 + src;
+      row0 = __shfl_sync(0xffffffffu, lo, src) + j * BM;
+      rows = min(BM, __shfl_sync(0xffffffffu, n, src) - j * BM);
+      return true;
+    }
+    seen += __shfl_sync(0xffffffffu, s, 31);
+  }
+  return false;
+}
+
+// Position p of the W tiles' m-tile order -> (kind, index among that kind):
+// the n_light light m-tiles spread evenly among the n_heavy heavy ones
+// (Bresenham), each kind in group order.
+__device__ __forceinline__ void interleave_m_tile(int p, int n_light, int n_heavy, bool& heavy, int& k) {
+  const int64_t n = (int64_t)n_light + n_heavy;
+  const int before = (int)((int64_t)p * n_light / n);  // light m-tiles before position p
+  heavy = (int)((int64_t)(p + 1) * n_light / n) == before;
+  k = heavy ? p - before : before;
+}
+
 template <int BN_, int STAGES_, bool FAST_ = false>
 struct WsConfig {
   static constexpr int BM = 128, BN = BN_, STAGES = STAGES_;
@@ -699,7 +772,11 @@ __global__ void __launch_bounds__(C::THREADS, 1)
   }
   __syncthreads();
 
-  const int m_total = min(m_bound, count_m_tiles<C::BM>(a.group_offsets, a.groups, a.M));
+  // Light and heavy groups' m-tiles interleaved when there are both.
+  const int n_light = a.group_offsets ? count_m_tiles_of<C::BM>(a.group_offsets, a.groups, false) : 0;
+  const int n_heavy = a.group_offsets ? count_m_tiles_of<C::BM>(a.group_offsets, a.groups, true) : 0;
+  const bool mix = n_light > 0 && n_heavy > 0;
+  const int m_total = min(m_bound, mix ? n_light + n_heavy : count_m_tiles<C::BM>(a.group_offsets, a.groups, a.M));
   const int total = m_total * n_tiles;
   const int span = panel * n_tiles;
   // Linear tile L -> (m-tile t, n-tile nt): panels of `panel` m-tiles (the
@@ -734,7 +811,14 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       if (L < total) {
         int t, nt;
         tile_of(L, t, nt);
-        find_m_tile<C::BM>(a.group_offsets, a.groups, a.M, t, grp, row0, rows);
+        if (mix) {
+          bool heavy;
+          int k;
+          interleave_m_tile(t, n_light, n_heavy, heavy, k);
+          find_m_tile_of<C::BM>(a.group_offsets, a.groups, heavy, k, grp, row0, rows);
+        } else {
+          find_m_tile<C::BM>(a.group_offsets, a.groups, a.M, t, grp, row0, rows);
+        }
       }
       if (lane == 0) {
         asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(q_slot + 16 * slot), "r"(L), "r"(grp),

@@ -381,6 +381,15 @@ static void check_all() {
   // Counts around every tile height, total well below M.
   check_case({"tile edges", 20, 256, 384, {64, 128, 65, 127, 129, 0, 1, 63, 256, 0, 192, 2, 191, 193, 0, 31, 33, 95, 97, 7},
               false, 500, true, true});
+  // Light groups (< 4 m-tiles of 128) among heavy ones (the shared expert of a
+  // prefill step, a hot expert): the W tiles take the two kinds interleaved.
+  {
+    std::vector<int> cnt(21, 0);
+    for (int g = 0; g < 20; ++g) cnt[g] = randi(0, 130);
+    cnt[5] = 520;
+    cnt[20] = 600;
+    check_case({"light + heavy", 21, 256, 384, cnt, false, 100, true, true});
+  }
   check_case({"groups=1", 1, 256, 384, {77}, false, 23, true, true});
   check_case({"dense", 1, 256, 384, {150}, true, 0, false, true});
   {
