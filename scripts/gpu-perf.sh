@@ -29,6 +29,11 @@
 #   ncu-prefill  duration, DRAM and SM throughput per kernel of an eager 2k prefill
 #            step and a decode step of each batch in NCU_DECODE_BATCHES (default 64;
 #            6 layers), from ncu
+#   ncu-small  what bounds the prefill's bandwidth kernels (norms, SiLU, rope, router,
+#            quantization, combine; NCU_SMALL_REGEX): their first NCU_SMALL_COUNT (24)
+#            launches of an eager 2k prefill (6 layers) under ncu with application
+#            replay (kernel replay fails on this program) — throughput, occupancy,
+#            stall reasons — summarized by scripts/ncu_summary.py
 #   e2e      the request workload (concurrency 64, 512 in / 32 out) through the
 #            engine, timed from the command's start to its table
 #   mtp      speculative decoding with the MTP layer (issue 19), k in MTP_K (default
@@ -234,6 +239,25 @@ if want ncu; then
     else fail "ncu batch $b            FAIL"; tail -5 "$LOG/ncu-b$b.err"; fi
     cp "$LOG/ncu-b$b.csv" "$FINAL/" 2>/dev/null
   done
+fi
+
+if want ncu-small; then
+  # Application replay: ncu's kernel replay stops at this program's first
+  # profiled kernel ("Failed to profile", error 9).
+  SM=""
+  for r in long_scoreboard barrier lg_throttle membar drain short_scoreboard wait mio_throttle; do
+    SM="$SM,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio"
+  done
+  if timeout "$T" ncu --replay-mode application --clock-control none --section SpeedOfLight --section Occupancy \
+       --section WarpStateStats --section LaunchStats --section SchedulerStats --metrics "${SM#,}" \
+       -k "regex:${NCU_SMALL_REGEX:-silu|rmsnorm|combine|rope|router|quant}" --launch-count "${NCU_SMALL_COUNT:-24}" \
+       --page details --print-units base \
+       "$G" bench "${SYN[@]}" --layers 6 --cuda-graphs=false --concurrency 1 --input-len 2048 --output-len 2 --requests 1 \
+       --warmup 0 --log-level warn >"$LOG/ncu-small.txt" 2>&1 &&
+     python3 scripts/ncu_summary.py "$LOG/ncu-small.txt" >"$LOG/ncu-small.md"; then
+    note "ncu small kernels     ok (ncu-small.md)"
+  else fail "ncu small kernels     FAIL"; tail -5 "$LOG/ncu-small.txt"; fi
+  cp "$LOG"/ncu-small.* "$FINAL/" 2>/dev/null
 fi
 
 if want ncu-prefill; then
