@@ -606,8 +606,9 @@ __global__ void __launch_bounds__(C::THREADS, C::MINB)
 // stages during a tile's last chains and epilogue. The producer also finds
 // each tile's group and rows and gathers its epilogue factors (x scales, w
 // scales, bias) into shared memory a tile ahead, so the consumers go from one
-// tile's epilogue to the next tile's chains without a global load. setmaxnreg gives the producer's registers to the consumers
-// (128 x 72 + 256 x 216 = 384 x 168). The producer needs ~72: at 40 (the
+// tile's epilogue to the next tile's chains without a global load. setmaxnreg
+// gives the producer's registers to the consumers (128 x 72 + 256 x 216 =
+// 384 x 168). The producer needs ~72: at 40 (the
 // consumers at 232) ptxas kept its eight gathered row indices and addresses in
 // local memory, ~8 spill loads a thread per stage (ncu: 1.2 M local requests
 // in a 2k prefill's gate|up), and the consumers' chains fit 216 unspilled.
@@ -737,8 +738,8 @@ using CfgW128x256Fast = WsConfig<256, 4, true>;
 // ends when the work does rather than after the static stride's last round
 // (a 2k prefill's gate|up: 432 tiles, 3.27 rounds of 132). Producer thread 0
 // fetches the index and hands it to the CTA's 12 warps through a two-slot
-// queue in shared memory (a full mbarrier, one arrival, and an empty one, one
-// arrival a warp); the CTA that fetches the last index past the end resets
+// queue in shared memory (next_tile: a full mbarrier, one arrival, and an empty
+// one, one arrival a warp); the CTA that fetches the last index past the end resets
 // tile_ctr[0..1] to zero for the next launch (tile_ctr[1] counts the CTAs
 // done fetching). Every tile is still one CTA's whole-K sum: the same bits in
 // either mode.
@@ -853,8 +854,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const int piece = tid & 7, prow = tid >> 3;  // A rows prow + 16 i, 16-byte piece `piece`
     int stage = 0;
     uint32_t phase = 0;
-    for (int i = 0;; ++i) {
-      const TileInfo ti = next_tile(i);
+    for (int it = 0;; ++it) {  // the CTA's it-th tile
+      const TileInfo ti = next_tile(it);
       if (ti.L >= total) break;
       int t, nt;
       tile_of(ti.L, t, nt);
@@ -866,7 +867,7 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         xr[i] = r < rows ? (a.x_rows ? a.x_rows[row0 + r] : row0 + r) : -1;
       }
       // The epilogue's factors, requested now (the loads are in flight while
-      // the stages below are issued) and stored into scale slot i % 2 after
+      // the stages below are issued) and stored into scale slot it % 2 after
       // the last stage: the consumers read them only after their mainloop.
       // (Loaded by the consumers at the tile's start, their dependent loads
       // kept the tensor cores waiting at every tile boundary.)
@@ -899,8 +900,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
         if (++stage == C::STAGES) stage = 0, phase ^= 1;
       }
       {
-        const int b = i & 1;
-        if (i >= 2) mbar_wait(sc_empty + 8 * b, ((uint32_t)(i >> 1) & 1u) ^ 1u);  // tile i - 2's epilogue done
+        const int b = it & 1;
+        if (it >= 2) mbar_wait(sc_empty + 8 * b, ((uint32_t)(it >> 1) & 1u) ^ 1u);  // tile it - 2's epilogue done
         float* const sx = s_scales + b * C::SCALE_FLOATS;
         if (piece == 0) {
 #pragma unroll
@@ -924,12 +925,12 @@ __global__ void __launch_bounds__(C::THREADS, 1)
     const uint32_t a_off = cw * 64 * kBK;
     int stage = 0;
     uint32_t phase = 0;
-    for (int i = 0;; ++i) {
-      const TileInfo ti = next_tile(i);
+    for (int it = 0;; ++it) {  // the CTA's it-th tile
+      const TileInfo ti = next_tile(it);
       if (ti.L >= total) break;
       int t, nt;
       tile_of(ti.L, t, nt);
-      const int grp = ti.grp, row0 = ti.row0, rows = ti.rows;
+      const int row0 = ti.row0, rows = ti.rows;
       const int n0 = nt * C::BN;
       const bool active = 64 * cw < rows;  // warpgroup-uniform
       // acc[half][i]: channels 128 half + (the m64n128 layout's index i).
@@ -997,8 +998,8 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           if (++stage == C::STAGES) stage = 0, phase ^= 1;
         }
       }
-      const int b = i & 1;
-      mbar_wait(sc_full + 8 * b, (uint32_t)(i >> 1) & 1u);  // the producer has stored this tile's factors
+      const int b = it & 1;
+      mbar_wait(sc_full + 8 * b, (uint32_t)(it >> 1) & 1u);  // the producer has stored this tile's factors
       const float* const s_xs = s_scales + b * C::SCALE_FLOATS + 64 * cw;  // [64] this warpgroup's rows
       const float* const s_ws = s_scales + b * C::SCALE_FLOATS + C::BM;    // [BN]
       const float* const s_bias = s_ws + C::BN;                            // [BN]
