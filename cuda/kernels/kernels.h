@@ -501,7 +501,10 @@ bool gemm_fp8_grouped_tc_supported(int N, int K);
 // fp8_accum 2 — and F64x256 up to 64 rows when K > 2048; M off sm_90). W: the F numerics (bit for bit F128x256's results)
 // with a producer warpgroup (TMA weights through a tensor map encoded per
 // call, cp.async gathered rows) and two consumer warpgroups handing stages
-// over mbarriers, persistent CTAs (one per SM, raster order, panel as for F).
+// over mbarriers, persistent CTAs (one per SM, raster order, panel as for F;
+// with tile_counter they take tiles from a queue; one-m-tile groups' tiles
+// are interleaved with heavier groups'), the producer finding each tile and
+// gathering its epilogue factors a tile ahead of the consumers.
 // W128x256Fast: W128x256 with every stage's chains accumulating straight
 // into the output registers (no per-128-K chain from zero, no wait for it
 // before the next): the tensor cores never drain between stages, at the
