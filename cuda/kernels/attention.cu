@@ -487,13 +487,13 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
   if (a.out_q) {  // uniform over the block
     amax = block_reduce(amax, sh.red, MaxOp());
     const float s = fmaxf(amax / kFp8Max, kMinActScale);
+    const float inv = 1.0f / s;
     uint32_t* qr = reinterpret_cast<uint32_t*>(a.out_q + (int64_t)row * a.n_q_heads * kDecD);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int idx = tid + kDecThreads * k;
       if (idx < per) {
-        const float4 v = y[k];
-        qr[idx] = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
+        qr[idx] = pack_e4m3x4(y[k], inv);
       }
     }
     if (tid == 0) a.out_scale[row] = s;
@@ -574,13 +574,13 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
     for (int i = 0; i < CL; ++i) am = fmaxf(am, ld_dsmem_f32((uint32_t)__cvta_generic_to_shared(&cs.amax), i));
     cluster_arrive_release();  // this CTA's reads of the others' amax done
     const float s = fmaxf(am / kFp8Max, kMinActScale);
+    const float inv = 1.0f / s;
     uint32_t* qr = reinterpret_cast<uint32_t*>(a.out_q + (int64_t)row * a.n_q_heads * kDecD);
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int idx = lo + tid + kDecThreads * q;
       if (idx < hi) {
-        const float4 v = y[q];
-        qr[idx] = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
+        qr[idx] = pack_e4m3x4(y[q], inv);
       }
     }
     if (rank == 0 && tid == 0) a.out_scale[row] = s;

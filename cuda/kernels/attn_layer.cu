@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
         const float s = fmaxf(am / 448.0f, kA1Fp8MinScale);
-        const uint32_t codes = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
+        const uint32_t codes = pack_e4m3x4(v, 1.0f / s);
         const float4 f = e4m3x4_to_f32(codes);
         v = make_float4(f.x * s, f.y * s, f.z * s, f.w * s);
         if (b == S - 1 && slot >= 0) {
@@ -631,7 +631,7 @@ __global__ void __launch_bounds__(kA1Threads, 1) attn_t1_kernel(AttnT1Args a) {
     }
     amax = block_reduce(amax, sh.scratch, MaxOp());
     const float s = fmaxf(amax / kFp8Max, kMinActScale);
-    if (tid < KO / 4) reinterpret_cast<uint32_t*>(oq_s)[tid] = t1_pack4(v, s);
+    if (tid < KO / 4) reinterpret_cast<uint32_t*>(oq_s)[tid] = pack_e4m3x4(v, 1.0f / s);
     if (tid == 0) sh.o_scale = s;
     __syncthreads();
   }

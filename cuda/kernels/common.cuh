@@ -70,14 +70,25 @@ struct OrOp {
   __device__ __forceinline__ int operator()(int a, int b) const { return a | b; }
 };
 
-// x / s rounded to E4M3 with saturation to +-448 (== clamp then RNE).
+// v rounded to E4M3 with saturation to +-448 (== clamp then RNE).
 __device__ __forceinline__ uint8_t f32_to_e4m3(float v) {
   return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
 }
-// Four values to E4M3 under scale s (q = e4m3(v / s)), packed low byte first.
-__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d, float s) {
-  return (uint32_t)f32_to_e4m3(a / s) | ((uint32_t)f32_to_e4m3(b / s) << 8) |
-         ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
+// Four values to E4M3 under scale s, given as inv = 1 / s (q = e4m3(v * inv)),
+// packed low byte first. Every FP8 quantization here multiplies by the
+// inverted scale, as vLLM's does: v / s was an IEEE division an element
+// (~10 instructions with its range check), and the norms, the combine and
+// the rope kernel spent a good part of their issue slots on it (ncu, H200,
+// a 2k prefill, 2026-11-29). v * (1 / s) is within an ulp of v / s before
+// E4M3's 3-bit rounding, so a code moves by at most one step, and rarely;
+// every kernel (fused or not) and the checks' host references quantize
+// this way, so they still agree bit for bit. Two values a cvt.
+__device__ __forceinline__ uint32_t pack_e4m3x4(float4 v, float inv) {
+  const __nv_fp8x2_storage_t lo =
+      __nv_cvt_float2_to_fp8x2(make_float2(v.x * inv, v.y * inv), __NV_SATFINITE, __NV_E4M3);
+  const __nv_fp8x2_storage_t hi =
+      __nv_cvt_float2_to_fp8x2(make_float2(v.z * inv, v.w * inv), __NV_SATFINITE, __NV_E4M3);
+  return (uint32_t)lo | ((uint32_t)hi << 16);
 }
 
 // max(|x|, |y|, |z|, |w|): a float4's share of a row's FP8 scale.

@@ -67,9 +67,6 @@ __device__ __forceinline__ void t1_mma_chunk(float (&acc)[4], const uint4& a, co
 }
 
 __device__ __forceinline__ float t1_amax4(const float4& y) { return absmax4(y); }
-__device__ __forceinline__ uint32_t t1_pack4(const float4& v, float s) {
-  return pack_e4m3x4(v.x, v.y, v.z, v.w, s);
-}
 
 // Launches kernel(args) as a cooperative grid of `grid` CTAs of `threads`
 // with `smem` bytes of dynamic shared memory: every CTA resident at once

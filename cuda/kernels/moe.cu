@@ -956,7 +956,7 @@ __global__ void __launch_bounds__(kNrThreads, 1)
   // leader's copy is the one read).
   __shared__ float s_ss[kNrMaxCluster][kNrMaxRM], s_amax[kNrMaxCluster][kNrMaxRM];
   __shared__ float s_part[kNrMaxCluster][kNrMaxRM * kNrMaxE];
-  __shared__ float s_r[kNrMaxRM], s_scale[kNrMaxRM];
+  __shared__ float s_r[kNrMaxRM], s_inv_scale[kNrMaxRM];  // (1 / the FP8 scale: pack_e4m3x4)
   __shared__ float s_red[kNrThreads / 32][N];
   __shared__ float s_lg[kNrMaxRM * kNrMaxE];
   __shared__ int s_cnt[kMaxGroups], s_cur[kMaxGroups];
@@ -1140,7 +1140,7 @@ __global__ void __launch_bounds__(kNrThreads, 1)
     float amax = 0.f;
     for (int c = 0; c < sh.C; ++c) amax = fmaxf(amax, s_amax[c][tid]);
     const float s = fmaxf(amax / kFp8Max, kMinActScale);
-    s_scale[tid] = s;
+    s_inv_scale[tid] = 1.0f / s;
     if (rank == 0 && tid < live) n.out_scale[t0 + tid] = s;
   }
   if (rank == 0 && tid < live * E) {
@@ -1167,7 +1167,7 @@ __global__ void __launch_bounds__(kNrThreads, 1)
   for (int i = tid; i < live * S4; i += kNrThreads) {
     const int m = i / S4, c4 = i - m * S4;
     const float4 y = reinterpret_cast<const float4*>(s_y)[i];
-    reinterpret_cast<uint32_t*>(n.out_q + (int64_t)(t0 + m) * H + k0)[c4] = pack_e4m3x4(y.x, y.y, y.z, y.w, s_scale[m]);
+    reinterpret_cast<uint32_t*>(n.out_q + (int64_t)(t0 + m) * H + k0)[c4] = pack_e4m3x4(y, s_inv_scale[m]);
   }
 #endif
 }

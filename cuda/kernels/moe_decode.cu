@@ -300,10 +300,11 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
       }
     }
     const float s = t1_norm_row<NV>(v, wn, n4, H, a.eps, sh.scratch, xf_s);
+    const float inv = 1.0f / s;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
-      if (i < n4) reinterpret_cast<uint32_t*>(xq_s)[i] = t1_pack4(v[k], s);
+      if (i < n4) reinterpret_cast<uint32_t*>(xq_s)[i] = pack_e4m3x4(v[k], inv);
     }
     if (tid == 0) sh.x_scale = s;
   }
@@ -421,7 +422,7 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
 
   T1_MARK(4);
   // The activations of the active slots, quantized per slot row as
-  // silu_mul_quant_fp8 does (s = max(amax / 448, min), q = e4m3(a / s)).
+  // silu_mul_quant_fp8 does (s = max(amax / 448, min), q = e4m3(a * (1 / s))).
   for (int ai = 0; ai < n_act; ++ai) {
     const unsigned long long* row = act + (size_t)sh.act_slot[ai] * MI;
     const int n4 = MI / 4;
@@ -438,11 +439,12 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
     }
     amax = block_reduce(amax, sh.scratch, MaxOp());
     const float s = fmaxf(amax / kFp8Max, kMinActScale);
+    const float inv = 1.0f / s;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
       if (i < n4)
-        reinterpret_cast<uint32_t*>(actq_s + (size_t)ai * MI)[i] = t1_pack4(v[k], s);
+        reinterpret_cast<uint32_t*>(actq_s + (size_t)ai * MI)[i] = pack_e4m3x4(v[k], inv);
     }
     if (tid == 0) sh.act_scale[ai] = s;
     __syncthreads();  // scratch reuse
@@ -556,10 +558,11 @@ __global__ void __launch_bounds__(kT1Threads, 1) moe_t1_kernel(MoeT1Args a) {
       }
     }
     const float s = t1_norm_row<NV>(v, wn, n4, H, a.eps, sh.scratch, nullptr);
+    const float inv = 1.0f / s;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int i = tid + k * kT1Threads;
-      if (i < n4) reinterpret_cast<uint32_t*>(a.out_q)[i] = t1_pack4(v[k], s);
+      if (i < n4) reinterpret_cast<uint32_t*>(a.out_q)[i] = pack_e4m3x4(v[k], inv);
     }
     if (tid == 0) a.out_scale[0] = s;
     T1_MARK(8);

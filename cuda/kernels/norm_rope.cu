@@ -46,10 +46,10 @@ __global__ void add_rmsnorm_kernel(AddNormArgs a) {
   }
   if (!a.out_q) return;
   amax = block_reduce(amax, scratch, MaxOp());
-  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  const float s = fmaxf(amax / kFp8Max, kMinActScale), inv = 1.0f / s;
   for (int c = threadIdx.x; c < a.hidden; c += blockDim.x) {
     const float y = a.weight[c] * (hv(c) * r);
-    a.out_q[(int64_t)i * a.hidden + c] = f32_to_e4m3(y / s);
+    a.out_q[(int64_t)i * a.hidden + c] = f32_to_e4m3(y * inv);
   }
   if (threadIdx.x == 0) a.out_scale[i] = s;
 }
@@ -103,12 +103,12 @@ __device__ __forceinline__ void norm_row_tail(const AddNormArgs& a, int i, float
   }
   if (!a.out_q) return;
   amax = block_reduce(amax, scratch, MaxOp());
-  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  const float s = fmaxf(amax / kFp8Max, kMinActScale), inv = 1.0f / s;
   uint32_t* q4 = reinterpret_cast<uint32_t*>(a.out_q + orow);
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int c = tid + k * nt;
-    if (c < n4) q4[c] = pack_e4m3x4(v[k].x, v[k].y, v[k].z, v[k].w, s);
+    if (c < n4) q4[c] = pack_e4m3x4(v[k], inv);
   }
   if (tid == 0) a.out_scale[i] = s;
 }
@@ -279,8 +279,16 @@ __device__ __forceinline__ float4 widen4(uint2 u) {
   return make_float4(lo.x, lo.y, hi.x, hi.y);
 }
 
+// The norm weights are requested after the slots' sums, not with h: they are
+// the same 20 KB for every row (L1 / L2 hits), and held through the slot loop
+// they kept the kernel at 112 registers, two CTAs an SM (ncu, H200, a 2k
+// prefill: 25% occupancy, 41.9 us at 56% of DRAM); their load latency hides
+// behind the sum of squares' reduction, which does not need them.
+// (FP32 rows, the decode steps' few: held at 3 CTAs an SM they spilled 96
+// bytes, so those keep ptxas's count.)
 template <int NV, typename YT>
-__global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(CombineRows<YT> cr, AddNormArgs a) {
+__global__ void __launch_bounds__(kNormThreads, NV <= 5 && !std::is_same_v<YT, float> ? kNormMinBlocks : 1)
+    combine_add_rmsnorm_kernel(CombineRows<YT> cr, AddNormArgs a) {
   pdl_launch_dependents();
   const int i = blockIdx.x;
   __shared__ float scratch[32];
@@ -295,10 +303,7 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(Combi
   for (int k = 0; k < NV; ++k) {
     const int c = tid + k * nt;
     acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (c < n4) {
-      v[k] = h4[c];
-      w[k] = __ldg(w4 + c);
-    }
+    if (c < n4) v[k] = h4[c];
   }
   // Two filled slots a round, both rows' loads in flight together (a 2k
   // prefill step's token has its routed slot and the shared expert's: one
@@ -360,6 +365,7 @@ __global__ void __launch_bounds__(kNormThreads) combine_add_rmsnorm_kernel(Combi
       v[k].z = v[k].z + acc[k].z;
       v[k].w = v[k].w + acc[k].w;
       h4[c] = v[k];
+      w[k] = __ldg(w4 + c);
     }
   }
   norm_row_tail<NV>(a, i, v, w, scratch);
@@ -385,7 +391,7 @@ __device__ __forceinline__ void rope_store_kv(const QkRopeArgs& a, bool is_k, in
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, o));
     const float s = fmaxf(am / 448.0f, kKvFp8MinScale);
-    const uint32_t codes = pack_e4m3x4(v.x, v.y, v.z, v.w, s);
+    const uint32_t codes = pack_e4m3x4(v, 1.0f / s);
     const int64_t bh = (int64_t)blk * a.n_kv_heads + kvh;  // block-head (16 tokens)
     uint8_t* c8 = static_cast<uint8_t*>(cache) + bh * (kKvFp8BlockSize * 128);
     if (is_k) {

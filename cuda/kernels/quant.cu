@@ -25,13 +25,9 @@ __global__ void quant_rows_kernel(const float* __restrict__ x, int64_t ldx, int 
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
   }
   amax = block_reduce(amax, scratch, MaxOp());
-  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  const float s = fmaxf(amax / kFp8Max, kMinActScale), inv = 1.0f / s;
   uint32_t* qr = reinterpret_cast<uint32_t*>(q + r * ldq);
-  for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-    float4 v = xr[i];
-    qr[i] = (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
-            ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
-  }
+  for (int i = threadIdx.x; i < n4; i += blockDim.x) qr[i] = pack_e4m3x4(xr[i], inv);
   if (threadIdx.x == 0) scale[r] = s;
 }
 
@@ -54,13 +50,11 @@ __global__ void silu_mul_quant_kernel(const float* __restrict__ gu, int inter,
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(a), fabsf(b)), fmaxf(fabsf(c), fabsf(d))));
   }
   amax = block_reduce(amax, scratch, MaxOp());
-  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  const float s = fmaxf(amax / kFp8Max, kMinActScale), inv = 1.0f / s;
   uint32_t* qr = reinterpret_cast<uint32_t*>(q + (int64_t)r * inter);
   for (int i = threadIdx.x; i < n4; i += blockDim.x) {
     float4 g = g4[i], u = u4[i];
-    float a = silu(g.x) * u.x, b = silu(g.y) * u.y, c = silu(g.z) * u.z, d = silu(g.w) * u.w;
-    qr[i] = (uint32_t)f32_to_e4m3(a / s) | ((uint32_t)f32_to_e4m3(b / s) << 8) |
-            ((uint32_t)f32_to_e4m3(c / s) << 16) | ((uint32_t)f32_to_e4m3(d / s) << 24);
+    qr[i] = pack_e4m3x4(make_float4(silu(g.x) * u.x, silu(g.y) * u.y, silu(g.z) * u.z, silu(g.w) * u.w), inv);
   }
   if (threadIdx.x == 0) scale[r] = s;
 }
@@ -84,27 +78,14 @@ constexpr int kVecMax = 8;
 __device__ __forceinline__ float amax4(float amax, float4 v) {
   return fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
 }
-__device__ __forceinline__ uint32_t pack4(float4 v, float s) {
-  return (uint32_t)f32_to_e4m3(v.x / s) | ((uint32_t)f32_to_e4m3(v.y / s) << 8) |
-         ((uint32_t)f32_to_e4m3(v.z / s) << 16) | ((uint32_t)f32_to_e4m3(v.w / s) << 24);
-}
-
-// The BF16 (prefill) form's arithmetic: the exact forms above are two IEEE
-// divisions and an accurate expf an element, and that kernel was issue-bound
-// (ncu, H200, a 2k prefill's 4,096 rows: 19.1 us, SM 55%, DRAM 27%). Here
-// SiLU is g / (1 + e^-g) with the hardware exponential and a fast division
-// (~2 ulp; e^-g -> inf gives -0, SiLU's limit), and the codes are v * (1 / s)
-// rounded to E4M3 (within an ulp of v / s before E4M3's 3-bit rounding: a
-// code moves by at most one step, and rarely) — what vLLM's FP8 quantization
-// does (a multiply by the inverted scale). Far below the BF16 inputs' 2^-9
-// and the codes' 2^-4 steps; the FP32 (decode) forms keep the exact
-// arithmetic their fused kernels repeat bit for bit.
+// The BF16 (prefill) form's SiLU: the exact form above is an IEEE division
+// and an accurate expf an element, and that kernel was issue-bound (ncu,
+// H200, a 2k prefill's 4,096 rows: 19.1 us, SM 55%, DRAM 27%). Here SiLU is
+// g / (1 + e^-g) with the hardware exponential and a fast division (~2 ulp;
+// e^-g -> inf gives -0, SiLU's limit), far below the BF16 inputs' 2^-9 and the
+// codes' 2^-4 steps; the FP32 (decode) forms keep the exact SiLU their fused
+// kernels repeat bit for bit.
 __device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
-__device__ __forceinline__ uint32_t pack4_inv(float4 v, float inv) {
-  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v.x * inv, v.y * inv), __NV_SATFINITE, __NV_E4M3);
-  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v.z * inv, v.w * inv), __NV_SATFINITE, __NV_E4M3);
-  return (uint32_t)lo | ((uint32_t)hi << 16);
-}
 
 template <int NV>
 __global__ void __launch_bounds__(kThreads) quant_rows_vec_kernel(
@@ -127,12 +108,12 @@ __global__ void __launch_bounds__(kThreads) quant_rows_vec_kernel(
     }
   }
   amax = block_reduce(amax, scratch, MaxOp());
-  const float s = fmaxf(amax / kFp8Max, kMinActScale);
+  const float s = fmaxf(amax / kFp8Max, kMinActScale), inv = 1.0f / s;
   uint32_t* qr = reinterpret_cast<uint32_t*>(q + r * ldq);
 #pragma unroll
   for (int k = 0; k < NV; ++k) {
     const int c = tid + k * nt;
-    if (c < n4) qr[c] = pack4(v[k], s);
+    if (c < n4) qr[c] = pack_e4m3x4(v[k], inv);
   }
   if (tid == 0) scale[r] = s;
 }
@@ -201,7 +182,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
         }
       }
     }
-    constexpr bool kFast = std::is_same_v<GT, __nv_bfloat16>;  // (pack4_inv's comment)
+    constexpr bool kFast = std::is_same_v<GT, __nv_bfloat16>;  // (silu_fast's comment)
     float amax = 0.f;
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
@@ -223,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
 #pragma unroll
     for (int k = 0; k < NV; ++k) {
       const int c = tid + k * nt;
-      if (c < n4) qr[c] = kFast ? pack4_inv(h[k], inv) : pack4(h[k], s);
+      if (c < n4) qr[c] = pack_e4m3x4(h[k], inv);
     }
     if (tid == 0) scale[r] = s;
   }

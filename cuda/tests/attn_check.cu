@@ -287,7 +287,7 @@ static int check_outputs(const std::string& name, const std::string& what, const
       memcpy(&a, &sc, 4);
       memcpy(&b, &(*os)[row], 4);
       bad_scale += a != b;
-      for (size_t i = 0; i < W; ++i) bad += fp8_enc(out[row * W + i] / sc) != (*oq)[row * W + i];
+      for (size_t i = 0; i < W; ++i) bad += fp8_enc(out[row * W + i] * (1.0f / sc)) != (*oq)[row * W + i];
     }
     for (int row = 0; row < P.rows; ++row) {
       if (is_seq_row[row]) continue;

@@ -396,7 +396,7 @@ void check_shape(const Shape& s, const std::vector<int>& ctxs) {
       auto code = [](uint8_t c) { return (c & 0x80) ? -(int)(c & 0x7f) : (int)(c & 0x7f); };
       for (int i = 0; i < s.nq * 128; ++i)
         if (std::fabs(ref_attn[i]) >= 16 * ref_qs)
-          far += std::abs(code(fp8_enc(got_attn[i] / sc)) - code(ref_q[i])) > 1;
+          far += std::abs(code(fp8_enc(got_attn[i] * (1.0f / sc))) - code(ref_q[i])) > 1;
       report("attn_layer_t1 output codes", det + " (>1 step, |v| >= 16 s)", (double)far, 0);
       report("attn_layer_t1 output scale", det, std::fabs(sc - ref_qs) / ref_qs, g_f8 ? 1.5e-2 : 5e-3);
     }

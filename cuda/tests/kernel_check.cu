@@ -45,7 +45,7 @@ static void quant_ref(const std::vector<float>& x, int rows, int cols, std::vect
     for (int c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[(size_t)r * cols + c]));
     const float sc = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
     s[r] = sc;
-    for (int c = 0; c < cols; ++c) q[(size_t)r * cols + c] = fp8_enc(x[(size_t)r * cols + c] / sc);
+    for (int c = 0; c < cols; ++c) q[(size_t)r * cols + c] = fp8_enc(x[(size_t)r * cols + c] * (1.0f / sc));
   }
 }
 

@@ -226,7 +226,7 @@ static void check_writer(int T, int nq, int nkv, int tpc) {
         const float got = kv ? hvs[r] : hks[r];
         if (memcmp(&s, &got, 4) != 0) ++bad_scale;
         for (int d = 0; d < kD; ++d) {
-          const uint8_t want = fp8_enc(f[r * kD + d] / s);
+          const uint8_t want = fp8_enc(f[r * kD + d] * (1.0f / s));
           const uint8_t c = kv ? hv8[(((size_t)blk * nkv + h) * kD + d) * kBS + off] : hk8[r * kD + d];
           if (c != want) ++bad_code;
         }

@@ -556,7 +556,7 @@ static int norm_row_exact(const float* v, const float* w, const float* y, int H,
 
 // A norm's FP32 and FP8 rows against add_rmsnorm's float formulas, row by row:
 // y exactly w * (v * r) for an r norm_row_exact finds, the scale
-// max(amax(y) / 448, 1 / (448 * 512)) and the codes e4m3(y / s), bit for bit.
+// max(amax(y) / 448, 1 / (448 * 512)) and the codes e4m3(y * (1 / s)), bit for bit.
 struct NormFormula {
   size_t bad_rows = 0, bad_s = 0, bad_q = 0;
   int max_ulp = 0;
@@ -574,7 +574,7 @@ static NormFormula check_norm_formula(const std::vector<float>& v, const std::ve
     for (int c = 0; c < H; ++c) amax = std::max(amax, std::fabs(yr[c]));
     const float sc = std::max(amax / 448.0f, 1.0f / (448.0f * 512.0f));
     f.bad_s += fbits(sc) != fbits(gs[r]);
-    for (int c = 0; c < H; ++c) f.bad_q += gq[(size_t)r * H + c] != fp8_enc(yr[c] / sc);
+    for (int c = 0; c < H; ++c) f.bad_q += gq[(size_t)r * H + c] != fp8_enc(yr[c] * (1.0f / sc));
   }
   return f;
 }
@@ -2097,9 +2097,13 @@ static void check_quant_prev() {
       CK(quant_rows_fp8(dx.p, ld, rows, cols, q1.p, ld, s1.p, rd, 0));
       prev::quant_rows(dx.p, ld, rows, cols, q2.p, ld, s2.p, rd, 0);
       CK(cudaDeviceSynchronize());
-      const size_t bad = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
-      report_exact("quant_rows_fp8 vs previous", fmt("%dx%d ld %lld%s: differ %zu", rows, cols, (long long)ld,
-                                                    rd ? " rows_dev" : "", bad),
+      // The previous kernel divided by the scale; the codes are now v * (1 / s)
+      // (common.cuh pack_e4m3x4): within one E4M3 step, scales bit for bit.
+      const std::vector<uint8_t> c1 = q1.down(), c2 = q2.down();
+      const size_t bad = count_fp8_far(c1, c2, s1.down(), s2.down(), 0.0);
+      report_exact("quant_rows_fp8 vs previous",
+                   fmt("%dx%d ld %lld%s: %zu codes moved one step, %zu further or scales apart", rows, cols,
+                       (long long)ld, rd ? " rows_dev" : "", count_diff(c1, c2), bad),
                    bad);
     }
   }
@@ -2120,9 +2124,14 @@ static void check_quant_prev() {
       CK(silu_mul_quant_fp8(dgu.p, rows, inter, q1.p, s1.p, rd, 0));
       prev::silu_mul_quant(dgu.p, rows, inter, q2.p, s2.p, rd, 0);
       CK(cudaDeviceSynchronize());
-      const size_t bad = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
-      report_exact("silu_mul_quant vs previous",
-                   fmt("%dx%d%s: differ %zu", rows, inter, rd ? " rows_dev" : "", bad), bad);
+      {
+        const std::vector<uint8_t> c1 = q1.down(), c2 = q2.down();  // (as quant_rows above)
+        const size_t bad = count_fp8_far(c1, c2, s1.down(), s2.down(), 0.0);
+        report_exact("silu_mul_quant vs previous",
+                     fmt("%dx%d%s: %zu codes moved one step, %zu further or scales apart", rows, inter,
+                         rd ? " rows_dev" : "", count_diff(c1, c2), bad),
+                     bad);
+      }
       {
         // Unscaled GEMM sums, the scales applied by the kernel: bit for bit
         // gemm_fp8_epilogue then the plain kernel (refused past 4096 columns
@@ -2153,7 +2162,7 @@ static void check_quant_prev() {
         }
       }
       // BF16 rows: the FP32 kernel on the same values widened, within its
-      // fast arithmetic (quant.cu pack4_inv: every code within one E4M3 step,
+      // fast SiLU (quant.cu silu_fast: every code within one E4M3 step,
       // scales within 1e-5; refused past 4096 columns, where the FP32 form
       // goes scalar).
       std::vector<__nv_bfloat16> g16;
