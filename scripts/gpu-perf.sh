@@ -40,10 +40,10 @@
 #            "1 3"): greedy tokens on/off on every bundled model; demo-go's
 #            acceptance and single-stream speed on/off; time per output token of
 #            the synthetic rank model on/off
-#   ab       the decode step at context 2k (AB_CONTEXT), batch {1,4,16,64,128,256} (AB_BATCHES), with each
-#            library of AB_LIBS ("name=path/libglmcuda.so ..."), alternated AB_REPS
-#            times (default 2) on this machine (and with AB_TTFT="2048 ..." the time
-#            to first token of those prompts); a table per library last
+#   ab       the decode step at context 2k (AB_CONTEXT), batch {1,4,16,64,128,256} (AB_BATCHES;
+#            "none": no decode runs), with each library of AB_LIBS ("name=path/libglmcuda.so
+#            ..."), alternated AB_REPS times (default 2) on this machine (and with
+#            AB_TTFT="2048 ..." the time to first token of those prompts); a table last
 #   prefill  prefill attention bench next to PyTorch SDPA (causal, same shapes, every
 #            backend: flash, efficient, cuDNN); the
 #            grouped expert GEMM bench next to torch._scaled_mm; the peer kernels' sum for
@@ -284,7 +284,9 @@ if want ab; then
   # Same-machine A/B of runtime libraries (fresh machines differ by ~3%).
   read -r -a libs <<<"${AB_LIBS:-cur=$GLMCTL_CUDA_LIB}"
   AB_BATCHES="${AB_BATCHES:-1 4 16 64 128 256}"
+  [[ $AB_BATCHES == none ]] && AB_BATCHES=""  # TTFT only (AB_TTFT): no decode runs
   for rep in $(seq "${AB_REPS:-2}"); do
+    [[ -z $AB_BATCHES ]] && break
     for nl in "${libs[@]}"; do
       name=${nl%%=*}; lib=${nl#*=}
       GLMCTL_CUDA_LIB="$PWD/${lib#$PWD/}" timeout "$T" "$G" bench "${SYN[@]}" --batches "${AB_BATCHES// /,}" --contexts "${AB_CONTEXT:-2048}" \
@@ -316,9 +318,11 @@ if want ab; then
       done
       echo
     done
-    [[ -n ${AB_TTFT:-} ]] && echo
-    printf '| batch |'; for nl in "${libs[@]}"; do printf ' %s ms |' "${nl%%=*}"; done; echo
-    printf '|---:|'; for nl in "${libs[@]}"; do printf -- '---:|'; done; echo
+    [[ -n ${AB_TTFT:-} && -n $AB_BATCHES ]] && echo
+    if [[ -n $AB_BATCHES ]]; then
+      printf '| batch |'; for nl in "${libs[@]}"; do printf ' %s ms |' "${nl%%=*}"; done; echo
+      printf '|---:|'; for nl in "${libs[@]}"; do printf -- '---:|'; done; echo
+    fi
     for b in $AB_BATCHES; do
       printf '| %s |' "$b"
       for nl in "${libs[@]}"; do
