@@ -1380,7 +1380,11 @@ __global__ void __launch_bounds__(kRlThreads) router_logits_normed_kernel(
 // The same logits on the tensor cores in 3xTF32 (H % 32 == 0): each FP32
 // operand x is split into hi = tf32(x) and lo = tf32(x - hi) and the product
 // taken as hi*hi + hi*lo + lo*hi (the dropped lo*lo is ~2^-22 of it), summed
-// in FP32 by mma.sync m16n8k8 — the FMA kernel above was bound by its own
+// in FP32 by mma.sync m16n8k8; where a chunk's router weights are already
+// TF32 (BF16 checkpoint values) their lo is zero and the weights' split and
+// the hi*lo product are skipped (the same sums; the kernel was bound by
+// issuing the splits: at 2,048 rows ~450 instructions a warp and chunk, of
+// which 36 mma) — the FMA kernel above was bound by its own
 // instruction latency (~30 us a CTA, one CTA of 8 warps per SM at 252
 // registers). A CTA takes 16 rows; its 16 warps split K in 32-column chunks
 // (warp w: chunks w, w + 16, ...), the next chunk's rows loaded while this
@@ -1393,11 +1397,13 @@ constexpr int kRlTcRows = 16;
 constexpr int kRlTcWarps = 16;
 constexpr int kRlTcThreads = 32 * kRlTcWarps;
 
-__device__ __forceinline__ uint32_t tf32_hi(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
+// cvt.rna.tf32.f32 of a finite x: round the magnitude to 10 mantissa bits,
+// ties away from zero. ptxas expands the cvt into these two integer
+// operations plus a compare and select that keep Inf and NaN as they are
+// (here a NaN whose payload is all in the dropped bits would become Inf;
+// the rows and weights are finite), 4 instructions against 2, and the split
+// below does two a value.
+__device__ __forceinline__ uint32_t tf32_rna(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
 
 __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
@@ -1475,25 +1481,46 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
       }
     }
     if (k + kRlTcWarps < chunks) load_rows(k + kRlTcWarps);
+    // Router weights already TF32 (a BF16 checkpoint's, widened: the low 13
+    // bits zero in every lane's values of this chunk) have lo = 0, so the
+    // hi*lo product adds exact zeros: skipped, with the weights' split, which
+    // gives the same sums. Otherwise the three products.
+    uint32_t wlow = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      uint32_t ah[4], al[4];
-      const float av[4] = {y[0][j], y[1][j], y[0][4 + j], y[1][4 + j]};
+    for (int n = 0; n < NTL; ++n)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        ah[q] = tf32_hi(av[q]);
-        al[q] = tf32_hi(av[q] - __uint_as_float(ah[q]));
+      for (int q = 0; q < 8; ++q) wlow |= __float_as_uint(wf[n][q]) & 0x1fffu;
+    auto chunk_mma = [&](auto w_tf32) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        uint32_t ah[4], al[4];
+        const float av[4] = {y[0][j], y[1][j], y[0][4 + j], y[1][4 + j]};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          ah[q] = tf32_rna(av[q]);
+          al[q] = tf32_rna(av[q] - __uint_as_float(ah[q]));
+        }
+#pragma unroll
+        for (int n = 0; n < NTL; ++n) {
+          if constexpr (decltype(w_tf32)::value) {
+            const uint32_t bh0 = __float_as_uint(wf[n][j]), bh1 = __float_as_uint(wf[n][4 + j]);
+            mma_tf32_16x8x8(d[n], al, bh0, bh1);
+            mma_tf32_16x8x8(d[n], ah, bh0, bh1);
+          } else {
+            const uint32_t bh0 = tf32_rna(wf[n][j]), bh1 = tf32_rna(wf[n][4 + j]);
+            const uint32_t bl0 = tf32_rna(wf[n][j] - __uint_as_float(bh0));
+            const uint32_t bl1 = tf32_rna(wf[n][4 + j] - __uint_as_float(bh1));
+            mma_tf32_16x8x8(d[n], al, bh0, bh1);
+            mma_tf32_16x8x8(d[n], ah, bl0, bl1);
+            mma_tf32_16x8x8(d[n], ah, bh0, bh1);
+          }
+        }
       }
-#pragma unroll
-      for (int n = 0; n < NTL; ++n) {
-        const uint32_t bh0 = tf32_hi(wf[n][j]), bh1 = tf32_hi(wf[n][4 + j]);
-        const uint32_t bl0 = tf32_hi(wf[n][j] - __uint_as_float(bh0));
-        const uint32_t bl1 = tf32_hi(wf[n][4 + j] - __uint_as_float(bh1));
-        mma_tf32_16x8x8(d[n], al, bh0, bh1);
-        mma_tf32_16x8x8(d[n], ah, bl0, bl1);
-        mma_tf32_16x8x8(d[n], ah, bh0, bh1);
-      }
-    }
+    };
+    if (__any_sync(0xffffffffu, wlow != 0))
+      chunk_mma(std::false_type{});
+    else
+      chunk_mma(std::true_type{});
   }
   // d[n]: rows g (0, 1) and g + 8 (2, 3), experts 8n + 2c (+1).
 #pragma unroll

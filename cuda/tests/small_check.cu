@@ -1578,12 +1578,20 @@ static void check_router_fused(cublasHandle_t cb) {
 // and bad arguments are refused.
 static void check_router_logits_normed(cublasHandle_t cb) {
   const float eps = 1e-5f;
+  // Router weights: BF16 values (a checkpoint's, TF32-exact: the tensor-core
+  // kernel skips their low halves), full FP32 values, or BF16 values with a
+  // few FP32 ones (some 32-column chunks take the three products, the rest
+  // two).
+  enum WKind { kWBf16, kWF32, kWMixed };
   struct Case {
     int T, E, H;
+    WKind wk;
   };
-  for (const Case c : {Case{1, 20, 5120}, Case{17, 20, 5120}, Case{300, 20, 5120}, Case{2048, 20, 5120},
-                       Case{33, 32, 5120}, Case{16, 8, 5120}, Case{5, 1, 132}, Case{40, 17, 4100},
-                       Case{64, 24, 128}}) {
+  for (const Case c : {Case{1, 20, 5120, kWBf16}, Case{17, 20, 5120, kWBf16}, Case{300, 20, 5120, kWBf16},
+                       Case{2048, 20, 5120, kWBf16}, Case{33, 32, 5120, kWBf16}, Case{16, 8, 5120, kWBf16},
+                       Case{5, 1, 132, kWBf16}, Case{40, 17, 4100, kWBf16}, Case{64, 24, 128, kWBf16},
+                       Case{17, 20, 5120, kWF32}, Case{2048, 20, 5120, kWF32}, Case{33, 32, 5120, kWF32},
+                       Case{300, 20, 5120, kWMixed}, Case{64, 24, 128, kWMixed}}) {
     const int T = c.T, E = c.E, H = c.H;
     std::vector<float> h((size_t)T * H), w(H), W((size_t)E * H);
     for (int r = 0; r < T; ++r) {
@@ -1591,7 +1599,10 @@ static void check_router_logits_normed(cublasHandle_t cb) {
       for (int k = 0; k < H; ++k) h[(size_t)r * H + k] = randn() * mag;
     }
     for (auto& v : w) v = bf16_round(randu(0.5f, 1.5f));
-    for (auto& v : W) v = bf16_round(randn() * 0.02f);
+    for (auto& v : W) v = c.wk == kWF32 ? randn() * 0.02f : bf16_round(randn() * 0.02f);
+    if (c.wk == kWMixed)
+      for (size_t i = 0; i < W.size(); i += 997) W[i] = randn() * 0.02f;
+    const char* wname = c.wk == kWBf16 ? "BF16 W" : c.wk == kWF32 ? "F32 W" : "mixed W";
     Dev<float> dh(h), dw(w), dW(W), dy((size_t)T * H), drs(T), dlog((size_t)(T + 1) * E), dref((size_t)T * E);
     Dev<uint8_t> dq((size_t)T * H);
     Dev<float> ds(T);
@@ -1651,12 +1662,12 @@ static void check_router_logits_normed(cublasHandle_t cb) {
       untouched += fbits(gl[(size_t)T * E + e2]) == 0xffffffffu;
       untouched_fma += fbits(gf[(size_t)T * E + e2]) == 0xffffffffu;
     }
-    report("router_logits_normed", fmt("T=%d E=%d H=%d %s vs f64 (cuBLAS %.1e), row T kept %zu/%d", T, E, H,
-                                       H % 32 == 0 ? "3xTF32" : "FMA", worst_blas, untouched, E),
+    report("router_logits_normed", fmt("T=%d E=%d H=%d %s %s vs f64 (cuBLAS %.1e), row T kept %zu/%d", T, E, H,
+                                       wname, H % 32 == 0 ? "3xTF32" : "FMA", worst_blas, untouched, E),
            untouched == (size_t)E ? worst : INFINITY, 2e-6);
     if (H % 32 == 0)
-      report("router_logits_normed", fmt("T=%d E=%d H=%d FMA form vs f64, row T kept %zu/%d", T, E, H,
-                                         untouched_fma, E),
+      report("router_logits_normed", fmt("T=%d E=%d H=%d %s FMA form vs f64, row T kept %zu/%d", T, E, H,
+                                         wname, untouched_fma, E),
              untouched_fma == (size_t)E ? worst_fma : INFINITY, 2e-6);
   }
   // Refusals: E past 32, H not a multiple of 4, misaligned rows.
@@ -2837,14 +2848,16 @@ static void bench(cublasHandle_t cb) {
   for (int T : {512, 2048, 8192}) {
     const int E = 20, copies = 3;
     const size_t n = (size_t)T * H;
-    Dev<float> hh(n * copies), yf(n), lw((size_t)E * H), lg((size_t)T * E), rs(T), scl(T);
+    Dev<float> hh(n * copies), yf(n), lw((size_t)E * H), lw32((size_t)E * H), lg((size_t)T * E), rs(T), scl(T);
     Dev<uint8_t> qq(n);
     {
       std::vector<float> v(n * copies);
       for (auto& x : v) x = randn();
       hh.up(v);
       std::vector<float> w((size_t)E * H);
-      for (auto& x : w) x = bf16_round(randn() * 0.02f);
+      for (auto& x : w) x = randn() * 0.02f;
+      lw32.up(w);  // FP32 router weights: every chunk takes the three products
+      for (auto& x : w) x = bf16_round(x);
       lw.up(w);
     }
     auto norm_args = [&](int i, bool rstd) {
@@ -2871,6 +2884,14 @@ static void bench(cublasHandle_t cb) {
     const float t_norm = graph_replay_ms([&](int i, cudaStream_t s) { CK(add_rmsnorm(norm_args(i, true), s)); },
                                          20, 11, 3, 3) *
                          1000.f / 20;
+    const float t_new32 = graph_replay_ms(
+                              [&](int i, cudaStream_t s) {
+                                const AddNormArgs a = norm_args(i, true);
+                                CK(add_rmsnorm(a, s));
+                                CK(router_logits_normed(a.h, wn.p, rs.p, lw32.p, lg.p, T, E, H, s));
+                              },
+                              20, 11, 3, 3) *
+                          1000.f / 20;
     router_logits_normed_force_fma(true);
     const float t_fma = graph_replay_ms(
                             [&](int i, cudaStream_t s) {
@@ -2881,9 +2902,9 @@ static void bench(cublasHandle_t cb) {
                             20, 11, 3, 3) *
                         1000.f / 20;
     router_logits_normed_force_fma(false);
-    printf("%-44s T=%-4d norm(fp8+f32)+SGEMM %8.2f us   norm(fp8+rstd)+logits: 3xTF32 %8.2f us, FMA %8.2f us "
-           "(norm alone %6.2f)   x%.2f\n",
-           "prefill router E=20 H=5120", T, t_old, t_new, t_fma, t_norm, t_old / t_new);
+    printf("%-44s T=%-4d norm(fp8+f32)+SGEMM %8.2f us   norm(fp8+rstd)+logits: 3xTF32 %8.2f us (F32 W %8.2f), "
+           "FMA %8.2f us (norm alone %6.2f)   x%.2f\n",
+           "prefill router E=20 H=5120", T, t_old, t_new, t_new32, t_fma, t_norm, t_old / t_new);
     fflush(stdout);
   }
 }
