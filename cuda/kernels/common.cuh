@@ -91,6 +91,12 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float4 v, float inv) {
   return (uint32_t)lo | ((uint32_t)hi << 16);
 }
 
+// SiLU of the prefill's BF16 paths (quant.cu's BF16 SiLU, the SiLU-fused
+// gate|up epilogue of gemm_grouped.cu): g / (1 + e^-g) with the hardware
+// exponential and a fast division (~2 ulp; e^-g -> inf gives -0, SiLU's
+// limit), far below BF16's 2^-9 and the FP8 codes' 2^-4 steps.
+__device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
+
 // max(|x|, |y|, |z|, |w|): a float4's share of a row's FP8 scale.
 __device__ __forceinline__ float absmax4(const float4& v) {
   return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));

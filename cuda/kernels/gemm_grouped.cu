@@ -746,7 +746,7 @@ using CfgW128x256Fast = WsConfig<256, 4, true>;
 template <class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
     grouped_ws_kernel(const __grid_constant__ CUtensorMap wmap, StreamGemmArgs a, __nv_bfloat16* y16,
-                      int n_tiles, int panel, int m_bound, int* tile_ctr) {
+                      int n_tiles, int panel, int m_bound, int* tile_ctr, int silu) {
 #if defined(GLMK_HAS_WGMMA)
   extern __shared__ uint8_t smem_raw[];
   pdl_launch_dependents();
@@ -872,23 +872,28 @@ __global__ void __launch_bounds__(C::THREADS, 1)
       // (Loaded by the consumers at the tile's start, their dependent loads
       // kept the tensor cores waiting at every tile boundary.)
       constexpr int WPT = C::BN / 128;
+      // The tile's weight rows: BN consecutive ones, or (silu) 128 gate rows
+      // and their 128 up rows N / 2 further, as two 128-row boxes a stage.
+      const int half_step = silu ? a.N / 2 : 128;
+      const int wrow = grp * a.N + nt * (silu ? 128 : C::BN);
       float xs_v[C::A_PER], ws_v[WPT], bias_v[WPT];
 #pragma unroll
       for (int i = 0; i < C::A_PER; ++i) xs_v[i] = piece == 0 && xr[i] >= 0 ? a.x_scale[xr[i]] : 0.f;
 #pragma unroll
       for (int j = 0; j < WPT; ++j) {
-        const int n = nt * C::BN + tid + 128 * j;
+        const int n = wrow - grp * a.N + half_step * j + tid;
         const bool in = n < a.N;
         ws_v[j] = in ? a.w_scale[(int64_t)grp * a.N + n] : 0.f;
         bias_v[j] = in && a.bias ? a.bias[(int64_t)grp * a.N + n] : 0.f;
       }
-      const int wrow = grp * a.N + nt * C::BN;
       for (int kt = 0; kt < KT; ++kt) {
         mbar_wait(bar_empty + 8 * stage, phase ^ 1);
         const uint32_t sa = sbase + stage * C::STAGE_BYTES, full = bar_full + 8 * stage;
         if (tid == 0) {
           mbar_arrive_expect_tx(full, C::B_BYTES);
-          tma_load_2d(sa + C::A_BYTES, &wmap, kt * kBK, wrow, full);
+#pragma unroll
+          for (int j = 0; j < WPT; ++j)
+            tma_load_2d(sa + C::A_BYTES + j * 128 * kBK, &wmap, kt * kBK, wrow + half_step * j, full);
         }
 #pragma unroll
         for (int i = 0; i < C::A_PER; ++i) {
@@ -1015,11 +1020,37 @@ __global__ void __launch_bounds__(C::THREADS, 1)
           y.y = v1 * xs * s_ws[c + 1] + s_bias[c + 1];
           store_pair(a.Y, y16, (int64_t)(row0 + 64 * cw + r) * a.ldy + n0 + c, y);
         };
+        if constexpr (C::BN == 256) {
+          if (silu) {
+            // Channel c of the first half is gate channel nt * 128 + c and
+            // the same index of the second half its up channel: one thread
+            // holds both (acc[0][i], acc[1][i]). Each is scaled as store2
+            // scales it, then silu(gate) * up into output column nt * 128 + c.
+            auto store_act = [&](int r, int c, float g0, float g1, float u0, float u1) {
+              if (64 * cw + r >= rows) return;
+              const float xs = s_xs[r];
+              const float ga = g0 * xs * s_ws[c] + s_bias[c], gb = g1 * xs * s_ws[c + 1] + s_bias[c + 1];
+              const float ua = u0 * xs * s_ws[128 + c] + s_bias[128 + c];
+              const float ub = u1 * xs * s_ws[128 + c + 1] + s_bias[128 + c + 1];
+              store_pair(nullptr, y16, (int64_t)(row0 + 64 * cw + r) * a.ldy + nt * 128 + c,
+                         make_float2(silu_fast(ga) * ua, silu_fast(gb) * ub));
+            };
 #pragma unroll
-        for (int j = 0; j < C::BN / 8; ++j) {
-          const float* v = &acc[j / 16][4 * (j % 16)];
-          store2(rl, 8 * j + 2 * c4, v[0], v[1]);
-          store2(rl + 8, 8 * j + 2 * c4, v[2], v[3]);
+            for (int j = 0; j < 16; ++j) {
+              const float* v = &acc[0][4 * j];
+              const float* u = &acc[1][4 * j];
+              store_act(rl, 8 * j + 2 * c4, v[0], v[1], u[0], u[1]);
+              store_act(rl + 8, 8 * j + 2 * c4, v[2], v[3], u[2], u[3]);
+            }
+          }
+        }
+        if (!silu) {
+#pragma unroll
+          for (int j = 0; j < C::BN / 8; ++j) {
+            const float* v = &acc[j / 16][4 * (j % 16)];
+            store2(rl, 8 * j + 2 * c4, v[0], v[1]);
+            store2(rl + 8, 8 * j + 2 * c4, v[2], v[3]);
+          }
         }
       }
       __syncwarp();
@@ -1071,7 +1102,8 @@ cudaError_t launch_grouped(const StreamGemmArgs& a, __nv_bfloat16* y16, int pane
 }
 
 template <class C>
-cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, int* tile_ctr, cudaStream_t st) {
+cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, int* tile_ctr, int silu,
+                      cudaStream_t st) {
   static std::atomic<bool> ready[kMaxDevices];  // the smem limit raised
   int dev = 0;
   DeviceInfo di;
@@ -1084,10 +1116,11 @@ cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, in
     ready[dev].store(true, std::memory_order_release);
   }
   const int num_sms = di.sms;
-  // A box is one stage of one n-tile (BN rows x 128 bytes); rows of a box
+  // A box is one stage of 128 weight rows (x 128 bytes), BN / 128 of them a
+  // stage (the silu form's two halves are N / 2 rows apart); rows of a box
   // past N (a partial n-tile) only reach channels that are never stored.
   CUtensorMap map;
-  e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, C::BN);
+  e = encode_weight_map(&map, a.W, a.K, (int64_t)a.groups * a.N, 128);
   if (e != cudaSuccess) return e;
   // The same m-tile bound as launch_grouped.
   int active = a.group_offsets ? std::min(a.groups, a.M) : 1;
@@ -1097,7 +1130,7 @@ cudaError_t launch_ws(const StreamGemmArgs& a, __nv_bfloat16* y16, int panel, in
   if (m_tiles * n_tiles > 0x7fffffff) return cudaErrorInvalidValue;  // tiles are int in the kernel
   const int grid = (int)std::min<int64_t>(m_tiles * n_tiles, num_sms);
   grouped_ws_kernel<C><<<grid, C::THREADS, C::SMEM, st>>>(map, a, y16, n_tiles, panel <= 0 ? 1 : panel,
-                                                          (int)m_tiles, tile_ctr);
+                                                          (int)m_tiles, tile_ctr, silu);
   return cudaGetLastError();
 }
 
@@ -1111,6 +1144,12 @@ bool gemm_fp8_grouped_tc_supported(int N, int K) {
   return N > 0 && K > 0 && N % 128 == 0 && K % kBK == 0;
 }
 
+bool gemm_fp8_grouped_tc_silu_supported(int N, int K) {
+  int dev = 0;
+  DeviceInfo di;
+  return N > 0 && K > 0 && N % 256 == 0 && K % kBK == 0 && device_info(dev, di) == cudaSuccess && di.major == 9;
+}
+
 namespace {
 // Y: FP32 into a.Y (y16 null) or BF16 into y16 (a.Y null).
 cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, const GroupedTcTuning& tu,
@@ -1120,9 +1159,15 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
       a.typical_rows_per_group < 0 || tu.tile < 0 || tu.tile >= kGroupedTcTiles || tu.panel < 0 ||
       tu.fp8_accum < 0 || tu.fp8_accum > 2)
     return cudaErrorInvalidValue;
+  // The SiLU-fused gate|up: BF16 rows of N / 2 activations, the W128x256Fast
+  // tile, whole 256-channel tiles of 128 gate + 128 up rows.
+  if (tu.silu_gate_up && (!y16 || a.N % 256 != 0 || a.ldy < a.N / 2 ||
+                          (tu.tile != kGroupedTcAuto && tu.tile != kGroupedTcW128x256Fast)))
+    return cudaErrorInvalidValue;
   if (a.N == 0 || a.M == 0) return cudaSuccess;
   // Exactly one of Y (FP32) and y16 (BF16).
-  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y == !y16 || a.ldy < a.N || a.ldy % 2 != 0 ||
+  if (!a.W || !a.w_scale || !a.X || !a.x_scale || !a.Y == !y16 || (!tu.silu_gate_up && a.ldy < a.N) ||
+      a.ldy % 2 != 0 ||
       !is_aligned(a.W, 16) || !is_aligned(a.X, 16) || !is_aligned(a.Y, 8) || !is_aligned(y16, 4))
     return cudaErrorInvalidValue;
   int dev = 0;
@@ -1132,6 +1177,10 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
   // wgmma exists on sm_90 only (this file builds it for the sm_90a target).
   const bool wgmma = di.major == 9;
   int tile = tu.tile;
+  if (tu.silu_gate_up) {
+    if (!wgmma) return cudaErrorInvalidValue;
+    tile = kGroupedTcW128x256Fast;
+  }
   if (tile == kGroupedTcAuto) {
     // From grouped_check --sweep on an H200 (GLM-4.7 rank shapes, 20 experts):
     // up to ~32 rows a group the weights are the cost and the mma.sync kernel
@@ -1160,9 +1209,10 @@ cudaError_t grouped_tc_dispatch(const StreamGemmArgs& a, __nv_bfloat16* y16, con
     case kGroupedTcF128x256: return launch_grouped<CfgF128x256>(a, y16, panel, st);
     case kGroupedTcF64x256: return launch_grouped<CfgF64x256>(a, y16, panel, st);
     case kGroupedTcM64x128: return launch_grouped<CfgM64x128>(a, y16, panel, st);
-    case kGroupedTcW128x256: return launch_ws<CfgW128x256>(a, y16, panel, tu.tile_counter, st);
-    case kGroupedTcW128x128: return launch_ws<CfgW128x128>(a, y16, panel, tu.tile_counter, st);
-    case kGroupedTcW128x256Fast: return launch_ws<CfgW128x256Fast>(a, y16, panel, tu.tile_counter, st);
+    case kGroupedTcW128x256: return launch_ws<CfgW128x256>(a, y16, panel, tu.tile_counter, 0, st);
+    case kGroupedTcW128x128: return launch_ws<CfgW128x128>(a, y16, panel, tu.tile_counter, 0, st);
+    case kGroupedTcW128x256Fast:
+      return launch_ws<CfgW128x256Fast>(a, y16, panel, tu.tile_counter, tu.silu_gate_up ? 1 : 0, st);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -31,6 +31,13 @@ cudaError_t silu_mul_quant_fp8(const float* gu, int rows, int inter, uint8_t* q,
 bool silu_mul_quant_bf16_supported(int inter);
 cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
                                const int* rows_dev, cudaStream_t st);
+// Per-row FP8 of BF16 rows x [rows][cols] that are SiLU·up already (the
+// SiLU-fused gate|up, GroupedTcTuning::silu_gate_up): quant_rows_fp8's
+// scales and codes over the widened values, rows strided as the SiLU's (with
+// rows_dev, only rows < *rows_dev). Where silu_mul_quant_bf16_supported(cols),
+// else cudaErrorInvalidValue.
+cudaError_t quant_rows_fp8_bf16(const __nv_bfloat16* x, int rows, int cols, uint8_t* q, float* scale,
+                                const int* rows_dev, cudaStream_t st);
 // The same over a GEMM's unscaled FP32 sums (linear()'s deferred epilogue):
 // each value is scaled first as gemm_fp8_epilogue would, (sum * x_scale[r]) *
 // w_scale[c] for c < 2 * inter, so the result equals gemm_fp8_epilogue then
@@ -538,7 +545,18 @@ struct GroupedTcTuning {
   // leaves them zero again). One pair per stream: launches that share it must
   // not overlap. null: the fixed stride. The same outputs bit for bit.
   int* tile_counter = nullptr;
+  // gate|up with SiLU·up in the epilogue (gemm_fp8_grouped_tc_bf16 only,
+  // where gemm_fp8_grouped_tc_silu_supported): the weights of each group are
+  // [gate (N/2 rows) | up (N/2 rows)], a tile's 256 channels are 128 gate
+  // channels and their 128 up channels, and Y16 [rows][ldy >= N/2] gets
+  // silu(gate) * up (common.cuh's silu_fast over the scaled FP32 sums) rounded
+  // to BF16 — half the bytes of the gate|up rows, and no SiLU pass over them
+  // (quant_rows_fp8_bf16 quantizes). Always the W128x256Fast tile.
+  int silu_gate_up = 0;
 };
+// Whether the SiLU-fused gate|up runs here: an sm_90 device, N % 256 == 0,
+// K % 128 == 0.
+bool gemm_fp8_grouped_tc_silu_supported(int N, int K);
 cudaError_t gemm_fp8_grouped_tc_tuned(const StreamGemmArgs& a, const GroupedTcTuning& tune,
                                       cudaStream_t st);
 // The same with the outputs rounded to BF16 (nearest even) into Y16 [rows][a.ldy]

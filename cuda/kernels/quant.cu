@@ -78,14 +78,11 @@ constexpr int kVecMax = 8;
 __device__ __forceinline__ float amax4(float amax, float4 v) {
   return fmaxf(amax, fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
 }
-// The BF16 (prefill) form's SiLU: the exact form above is an IEEE division
-// and an accurate expf an element, and that kernel was issue-bound (ncu,
-// H200, a 2k prefill's 4,096 rows: 19.1 us, SM 55%, DRAM 27%). Here SiLU is
-// g / (1 + e^-g) with the hardware exponential and a fast division (~2 ulp;
-// e^-g -> inf gives -0, SiLU's limit), far below the BF16 inputs' 2^-9 and the
-// codes' 2^-4 steps; the FP32 (decode) forms keep the exact SiLU their fused
-// kernels repeat bit for bit.
-__device__ __forceinline__ float silu_fast(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
+// The BF16 (prefill) form's SiLU is common.cuh's silu_fast: the exact form
+// above is an IEEE division and an accurate expf an element, and that kernel
+// was issue-bound (ncu, H200, a 2k prefill's 4,096 rows: 19.1 us, SM 55%,
+// DRAM 27%); the FP32 (decode) forms keep the exact SiLU their fused kernels
+// repeat bit for bit.
 
 template <int NV>
 __global__ void __launch_bounds__(kThreads) quant_rows_vec_kernel(
@@ -133,7 +130,10 @@ __device__ __forceinline__ float4 load4(const __nv_bfloat16* row, int c) {
 // (the experts' sorted rows, a bound of rows x slots launched) the grid is a
 // few CTAs an SM instead of a CTA a bound row — a 2k prefill launched 18,432
 // CTAs for ~4,100 live rows, the rest exiting after reading *rows_dev.
-template <int NV, typename GT = float, bool SC = false>
+// ACT (BF16 rows only): the rows [rows][inter] hold SiLU·up already (the
+// SiLU-fused gate|up, GroupedTcTuning::silu_gate_up), so this is their FP8
+// quantization alone.
+template <int NV, typename GT = float, bool SC = false, bool ACT = false>
 __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
     const GT* __restrict__ gu, int inter, uint8_t* __restrict__ q, float* __restrict__ scale, int rows,
     const int* __restrict__ rows_dev, const float* __restrict__ x_scale = nullptr,
@@ -170,6 +170,13 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
           }
         }
       }
+    } else if constexpr (ACT) {
+      const GT* a_row = gu + (int64_t)r * inter;
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int c = tid + k * nt;
+        if (c < n4) h[k] = load4(a_row, c);
+      }
     } else {
       const GT* g_row = gu + (int64_t)r * 2 * inter;
       const GT* u_row = g_row + inter;
@@ -189,7 +196,9 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
       const int c = tid + k * nt;
       if (c < n4) {
         const float4 g = h[k];
-        if constexpr (kFast)
+        if constexpr (ACT)
+          ;  // h[k] is the activation
+        else if constexpr (kFast)
           h[k] = make_float4(silu_fast(g.x) * u[k].x, silu_fast(g.y) * u[k].y, silu_fast(g.z) * u[k].z,
                              silu_fast(g.w) * u[k].w);
         else
@@ -290,21 +299,34 @@ static bool silu_vec4_fits(int inter) {
 
 bool silu_mul_quant_bf16_supported(int inter) { return silu_vec4_fits(inter); }
 
-cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
-                               const int* rows_dev, cudaStream_t st) {
+// BF16 rows into FP8: SiLU·up of [gate | up] rows (ACT false) or rows that
+// are the activations already (ACT true).
+template <bool ACT>
+static cudaError_t bf16_rows_fp8(const __nv_bfloat16* x, int rows, int inter, uint8_t* q, float* scale,
+                                 const int* rows_dev, cudaStream_t st) {
   if (rows <= 0) return cudaSuccess;
   int threads = 0;
-  const int nv = inter % 4 == 0 && (uintptr_t)gu % 8 == 0 && (uintptr_t)q % 4 == 0
+  const int nv = inter % 4 == 0 && (uintptr_t)x % 8 == 0 && (uintptr_t)q % 4 == 0
                      ? vec_shape(inter / 4, &threads)
                      : 0;
   if (nv <= 0) return cudaErrorInvalidValue;  // no scalar form: the runtime's shapes fit
   const int grid = silu_grid(rows, rows_dev);
   if (!with_silu_vec4(nv, [&](auto NV) {
-        silu_mul_quant_vec_kernel<decltype(NV)::value, __nv_bfloat16>
-            <<<grid, threads, 0, st>>>(gu, inter, q, scale, rows, rows_dev);
+        silu_mul_quant_vec_kernel<decltype(NV)::value, __nv_bfloat16, false, ACT>
+            <<<grid, threads, 0, st>>>(x, inter, q, scale, rows, rows_dev);
       }))
     return cudaErrorInvalidValue;
   return cudaGetLastError();
+}
+
+cudaError_t silu_mul_quant_fp8(const __nv_bfloat16* gu, int rows, int inter, uint8_t* q, float* scale,
+                               const int* rows_dev, cudaStream_t st) {
+  return bf16_rows_fp8<false>(gu, rows, inter, q, scale, rows_dev, st);
+}
+
+cudaError_t quant_rows_fp8_bf16(const __nv_bfloat16* x, int rows, int cols, uint8_t* q, float* scale,
+                                const int* rows_dev, cudaStream_t st) {
+  return bf16_rows_fp8<true>(x, rows, cols, q, scale, rows_dev, st);
 }
 
 cudaError_t silu_mul_quant_fp8_scaled(const float* gu, int rows, int inter, const float* x_scale,

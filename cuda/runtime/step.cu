@@ -1327,6 +1327,11 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   // H100: 50 MB a layer in FP32, the SiLU 21 us at 73% of DRAM).
   __nv_bfloat16* const gu16 =
       grouped_tc && glmk::silu_mul_quant_bf16_supported(d.MI) ? reinterpret_cast<__nv_bfloat16*>(r.big) : nullptr;
+  // There, on sm_90, SiLU·up in gate|up's epilogue (GroupedTcTuning::
+  // silu_gate_up): it writes the BF16 activations [rows][MI], half of the
+  // gate|up rows' bytes, and a quantization pass over them replaces the SiLU
+  // pass over the gate|up rows.
+  const bool silu_fused = gu16 && !e.exact && glmk::gemm_fp8_grouped_tc_silu_supported(2 * d.MI, d.H);
   // Past kStreamMaxRows rows (a few per expert) on sm_90: the TMA-fed
   // tensor-core streaming kernel, whose 16/32-row token tiles hold an
   // expert's rows in one pass. On an H200 (stream_tc_check --bench, 20 rank
@@ -1338,7 +1343,12 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (grouped_tc) {
     glmk::StreamGemmArgs gb = g;
     gb.Y = nullptr;  // BF16 rows into gu16 instead
-    KCHECK(glmk::gemm_fp8_grouped_tc_bf16(gb, gu16, gtc, r.stream), "layer %d: expert gate|up", l);
+    glmk::GroupedTcTuning gtc_gu = gtc;
+    if (silu_fused) {
+      gtc_gu.silu_gate_up = 1;
+      gb.ldy = d.MI;
+    }
+    KCHECK(glmk::gemm_fp8_grouped_tc_bf16(gb, gu16, gtc_gu, r.stream), "layer %d: expert gate|up", l);
   } else if (stream_tc_gu) {
     glmk::StreamGemmArgs gt = g;
     gt.M = T * d.slots;
@@ -1364,6 +1374,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   if (e.exact)
     KCHECK(glmk::silu_mul_f32(r.big, T * d.slots, d.MI, r.hf, r.offsets + r.groups, r.stream),
            "layer %d: expert silu_mul", l);
+  else if (silu_fused)
+    KCHECK(glmk::quant_rows_fp8_bf16(gu16, T * d.slots, d.MI, r.hq, r.hs, r.offsets + r.groups, r.stream),
+           "layer %d: expert SiLU*up rows -> FP8", l);
   else if (gu16)
     KCHECK(glmk::silu_mul_quant_fp8(gu16, T * d.slots, d.MI, r.hq, r.hs, r.offsets + r.groups, r.stream),
            "layer %d: expert silu_mul_quant (BF16 rows)", l);

@@ -24,7 +24,9 @@
 // launch must repeat bit for bit, replay identically from a CUDA graph and
 // agree with gemm_fp8_stream's grouped form
 // to 1e-5 relative (measured up to 6e-6 at K = 5120: both sum exact products
-// in FP32, in different orders); invalid arguments are refused.
+// in FP32, in different orders); invalid arguments are refused. The SiLU-fused
+// gate|up (GroupedTcTuning::silu_gate_up) against silu(g) * u of the
+// W128x256Fast launch's FP32 g and u, within a BF16 step.
 // Prints one row per check and "grouped_check: N checks, M failed"; exits 1 on
 // any failure.
 //
@@ -345,6 +347,69 @@ static void check_case(const GroupedCase& c) {
     const bool refused = gemm_fp8_grouped_tc_bf16(a, dY16.p, GroupedTcTuning{}, 0) == cudaErrorInvalidValue &&
                          gemm_fp8_grouped_tc_bf16(b, nullptr, GroupedTcTuning{}, 0) == cudaErrorInvalidValue;
     report("grouped_tc BF16 out refusals", shape, refused ? 0.0 : 1.0, 0.0);
+  }
+  // The SiLU-fused gate|up (GroupedTcTuning::silu_gate_up, sm_90): each group's
+  // rows [0, N/2) are gate and [N/2, N) up; Y16 [rows][N/2 + 2] gets
+  // silu(g) * u, g and u the W128x256Fast launch's FP32 outputs (the same
+  // tile code: the same sums), within a BF16 step and silu_fast's ~2 ulp of
+  // the host's; the two padding columns and the rows past the groups stay
+  // untouched; the tile queue gives the same bits; refused without Y16, with
+  // N % 256 != 0 or with another tile.
+  if (g_major == 9) {
+    const int NH = N / 2;
+    const int64_t ldh = NH + 2;
+    StreamGemmArgs b = a;
+    b.Y = nullptr;
+    b.ldy = ldh;
+    Dev<__nv_bfloat16> dA((size_t)std::max(1, M) * ldh);
+    GroupedTcTuning ts;
+    ts.silu_gate_up = 1;
+    if (N % 256 == 0) {
+      GroupedTcTuning tf{kGroupedTcW128x256Fast, 0, 0};
+      const std::vector<float> yf = run(tf);
+      dA.poison();
+      CK(gemm_fp8_grouped_tc_bf16(b, dA.p, ts, 0));
+      CK(cudaDeviceSynchronize());
+      const std::vector<__nv_bfloat16> ya = dA.down();
+      size_t far = 0, touched = 0;
+      double worst = 0;
+      for (int r = 0; r < std::max(1, M); ++r)
+        for (int64_t n = 0; n < ldh; ++n) {
+          const size_t i = (size_t)r * ldh + n;
+          uint16_t got16;
+          memcpy(&got16, &ya[i], 2);
+          if (r < total && n < NH) {
+            const double g = yf[(size_t)r * ldy + n], u = yf[(size_t)r * ldy + NH + n];
+            const double want = g / (1.0 + std::exp(-g)) * u;
+            const double got = (double)__bfloat162float(ya[i]);
+            const double e = std::fabs(got - want) / (std::fabs(want) + 1e-30);
+            if (std::fabs(want) > 1e-30) worst = std::max(worst, e);
+            far += !(e <= 1.0 / 128) && std::fabs(got - want) > 1e-30;
+          } else {
+            touched += got16 != 0xffffu;
+          }
+        }
+      report("grouped_tc SiLU gate|up", fmt("%s: worst rel %.1e, beyond 2^-7 %zu, touched %zu", shape.c_str(), worst,
+                                            far, touched),
+             far + touched ? 1.0 : 0.0, 0.0);
+      GroupedTcTuning tq = ts;
+      tq.tile_counter = g_tile_ctr;
+      dA.poison();
+      CK(gemm_fp8_grouped_tc_bf16(b, dA.p, tq, 0));
+      CK(cudaDeviceSynchronize());
+      const std::vector<__nv_bfloat16> yq = dA.down();
+      report("grouped_tc SiLU gate|up queue", fmt("%s bitwise", shape.c_str()),
+             memcmp(yq.data(), ya.data(), ya.size() * 2) ? 1.0 : 0.0, 0.0);
+    }
+    StreamGemmArgs bf = b;
+    bf.Y = dY.p;
+    GroupedTcTuning tw{kGroupedTcW128x256, 0, 0};
+    tw.silu_gate_up = 1;
+    const bool refused = gemm_fp8_grouped_tc_bf16(b, nullptr, ts, 0) == cudaErrorInvalidValue &&
+                         gemm_fp8_grouped_tc_tuned(bf, ts, 0) == cudaErrorInvalidValue &&
+                         gemm_fp8_grouped_tc_bf16(b, dA.p, tw, 0) == cudaErrorInvalidValue &&
+                         (N % 256 == 0 || gemm_fp8_grouped_tc_bf16(b, dA.p, ts, 0) == cudaErrorInvalidValue);
+    report("grouped_tc SiLU refusals", shape, refused ? 0.0 : 1.0, 0.0);
   }
 }
 

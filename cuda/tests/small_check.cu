@@ -2204,6 +2204,23 @@ static void check_quant_prev() {
                    fmt("%dx%d%s: %zu codes of %zu moved one step, %zu further or scales apart", rows, inter,
                        rd ? " rows_dev" : "", count_diff(c1, c2), c1.size(), bad16),
                    bad16);
+      // BF16 rows that are the activations already ([rows][inter], the
+      // SiLU-fused gate|up's output): quant_rows_fp8 on the widened values
+      // bit for bit, codes and scales, the rows past rows_dev untouched in both.
+      {
+        Dev<__nv_bfloat16> da(std::vector<__nv_bfloat16>(g16.begin(), g16.begin() + (size_t)rows * inter));
+        Dev<float> daw(std::vector<float>(gw.begin(), gw.begin() + (size_t)rows * inter));
+        q1.poison();
+        q2.poison();
+        s1.poison();
+        s2.poison();
+        CK(quant_rows_fp8_bf16(da.p, rows, inter, q1.p, s1.p, rd, 0));
+        CK(quant_rows_fp8(daw.p, inter, rows, inter, q2.p, inter, s2.p, rd, 0));
+        CK(cudaDeviceSynchronize());
+        const size_t bq = count_diff(q1.down(), q2.down()) + count_diff(s1.down(), s2.down());
+        report_exact("quant_rows_fp8_bf16 vs FP32 rows",
+                     fmt("%dx%d%s: codes or scales differ %zu", rows, inter, rd ? " rows_dev" : "", bq), bq);
+      }
     }
   }
 }
