@@ -829,12 +829,13 @@ static void bench_experts(bool profile = false) {
 }
 
 // --lt-sweep: the dense decode linears on cuBLASLt (the runtime's path past the
-// streaming kernels' rows): the heuristic's first algorithm against the
-// fastest of its candidates (lt_tune_fp8: a CUDA graph of 20 calls, weights
-// rotated over >= 200 MB), per row count.
+// streaming kernels' rows) and the prefill's (512-2,048 rows: q|k|v, o_proj
+// adding into h): the heuristic's first algorithm against the fastest of its
+// candidates (lt_tune_fp8: a CUDA graph of 20 calls, weights rotated over >=
+// 200 MB), per row count.
 static void lt_sweep(const LtGemm& lt0) {
   const double kHbm = 3.11e12;
-  const int H = 5120, I = 1536, MMAX = 256;
+  const int H = 5120, I = 1536, MMAX = 2048;
   LtGemm lt = lt0;
   lt.algos = lt_algo_cache_create();
   Dev<uint8_t> X((size_t)MMAX * H);
@@ -867,7 +868,7 @@ static void lt_sweep(const LtGemm& lt0) {
     wsc.up(std::vector<float>(wsc.n, 1.f / 448));
     std::vector<const uint8_t*> Ws;
     for (int c = 0; c < copies; ++c) Ws.push_back(W.p + (size_t)c * wb);
-    for (int M : {16, 32, 48, 64, 96, 128, 192, 256}) {
+    for (int M : {16, 32, 48, 64, 96, 128, 192, 256, 512, 2048}) {
       LtShape s;
       s.M = M, s.N = sh.N, s.K = sh.K, s.scaled = sh.scaled, s.accumulate = sh.accumulate;
       LtTuneReport r;
