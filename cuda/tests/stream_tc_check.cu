@@ -31,7 +31,7 @@
 // gemm_fp8_stream's row-tiled grouped form. Microseconds per call (20 calls per
 // CUDA graph, median of replays), weights rotated over copies (>= 200 MB) so L2
 // never holds them; % = weight bytes read / time / 4.46 TB/s.
-// --lt-sweep: cuBLASLt's candidates for the dense decode linears (lt_sweep).
+// --lt-sweep: cuBLASLt's candidates for the dense decode and prefill linears (lt_sweep).
 // --experts: the routed experts with and without the shared expert's group
 // (bench_experts; in token tiles of 16, 32 and 64 rows and the kernel's own), nothing else;
 // --experts-profile: only their 64 + shared form in the runtime's token tiles
