@@ -1443,6 +1443,10 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
   // (L2-resident) at the chunk. Measured on an H200 (small_check --bench,
   // 2,048 rows): one chunk ahead in registers they spilled at 128; two chunks
   // ahead by cp.async into a lane's own shared-memory slots, 79 us against 20.
+  // Up to 24 experts the router's and norm's weights go one chunk ahead too
+  // (the registers the weights' split freed where they are TF32; at 32
+  // experts they would spill).
+  constexpr bool kWeightsAhead = NTL <= 3;
   float4 hv[2][2], wv[NTL][2], nv[2];
   auto load_rows = [&](int k) {  // chunk k's float4 column offset is 8k
 #pragma unroll
@@ -1451,9 +1455,7 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
       hv[i][1] = __ldcs(hr[i] + 8 * k + 1);
     }
   };
-  int k = warp;
-  if (k < chunks) load_rows(k);
-  for (; k < chunks; k += kRlTcWarps) {
+  auto load_weights = [&](int k) {
 #pragma unroll
     for (int n = 0; n < NTL; ++n) {
       wv[n][0] = __ldg(wr[n] + 8 * k);
@@ -1461,6 +1463,14 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
     }
     nv[0] = __ldg(nw + 8 * k);
     nv[1] = __ldg(nw + 8 * k + 1);
+  };
+  int k = warp;
+  if (k < chunks) {
+    load_rows(k);
+    if constexpr (kWeightsAhead) load_weights(k);
+  }
+  for (; k < chunks; k += kRlTcWarps) {
+    if constexpr (!kWeightsAhead) load_weights(k);
     // This chunk's values as 8 floats a row / expert: column 8c + q.
     float y[2][8], wf[NTL][8];
     {
@@ -1480,7 +1490,10 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
         for (int q = 0; q < 8; ++q) wf[n][q] = f[q];
       }
     }
-    if (k + kRlTcWarps < chunks) load_rows(k + kRlTcWarps);
+    if (k + kRlTcWarps < chunks) {
+      load_rows(k + kRlTcWarps);
+      if constexpr (kWeightsAhead) load_weights(k + kRlTcWarps);
+    }
     // Router weights already TF32 (a BF16 checkpoint's, widened: the low 13
     // bits zero in every lane's values of this chunk) have lo = 0, so the
     // hi*lo product adds exact zeros: skipped, with the weights' split, which
