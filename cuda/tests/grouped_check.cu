@@ -167,6 +167,24 @@ static std::vector<double> written(const std::vector<float>& y, int total, int N
   return o;
 }
 
+// A BF16 output [max(1, M)][ldy] poisoned with 0xffff before its launch:
+// inside(row, column, index, bits) for each element of rows < total and
+// columns < cols; returns how many elements outside that were written.
+template <class F>
+static size_t visit_bf16_out(const std::vector<__nv_bfloat16>& y, int M, int64_t ldy, int total, int64_t cols,
+                             F&& inside) {
+  size_t touched = 0;
+  for (int r = 0; r < std::max(1, M); ++r)
+    for (int64_t n = 0; n < ldy; ++n) {
+      const size_t i = (size_t)r * ldy + n;
+      uint16_t got;
+      memcpy(&got, &y[i], 2);
+      if (r < total && n < cols) inside(r, n, i, got);
+      else touched += got != 0xffffu;
+    }
+  return touched;
+}
+
 static void check_case(const GroupedCase& c) {
   const int G = c.G, N = c.N, K = c.K;
   std::vector<int> offs(G + 1, 0);
@@ -216,6 +234,13 @@ static void check_case(const GroupedCase& c) {
     CK(gemm_fp8_grouped_tc_tuned(a, tu, 0));
     CK(cudaDeviceSynchronize());
     return dY.down();
+  };
+  // The BF16-output launch of b into y16 (poisoned first), read back.
+  auto run_bf16 = [&](const StreamGemmArgs& b, Dev<__nv_bfloat16>& y16, const GroupedTcTuning& tu) {
+    y16.poison();
+    CK(gemm_fp8_grouped_tc_bf16(b, y16.p, tu, 0));
+    CK(cudaDeviceSynchronize());
+    return y16.down();
   };
   std::vector<GroupedTcTuning> tunings;
   for (int t = 0; t < kGroupedTcTiles; ++t)
@@ -321,25 +346,14 @@ static void check_case(const GroupedCase& c) {
     b.Y = nullptr;
     for (const GroupedTcTuning& tu : t16) {
       const std::vector<float> yf = run(tu);
-      dY16.poison();
-      CK(gemm_fp8_grouped_tc_bf16(b, dY16.p, tu, 0));
-      CK(cudaDeviceSynchronize());
-      const std::vector<__nv_bfloat16> yb = dY16.down();
-      size_t bad = 0, touched = 0;
-      for (int r = 0; r < std::max(1, M); ++r)
-        for (int64_t n = 0; n < ldy; ++n) {
-          const size_t i = (size_t)r * ldy + n;
-          uint16_t got;
-          memcpy(&got, &yb[i], 2);
-          if (r < total && n < N) {
-            const __nv_bfloat16 want = __float2bfloat16_rn(yf[i]);
-            uint16_t w16;
-            memcpy(&w16, &want, 2);
-            bad += got != w16;
-          } else {
-            touched += got != 0xffffu;
-          }
-        }
+      const std::vector<__nv_bfloat16> yb = run_bf16(b, dY16, tu);
+      size_t bad = 0;
+      const size_t touched = visit_bf16_out(yb, M, ldy, total, N, [&](int, int64_t, size_t i, uint16_t got) {
+        const __nv_bfloat16 want = __float2bfloat16_rn(yf[i]);
+        uint16_t w16;
+        memcpy(&w16, &want, 2);
+        bad += got != w16;
+      });
       report("grouped_tc BF16 out", fmt("%s %s: differ %zu touched %zu", shape.c_str(), tuning_name(tu).c_str(),
                                         bad, touched),
              bad + touched ? 1.0 : 0.0, 0.0);
@@ -367,37 +381,23 @@ static void check_case(const GroupedCase& c) {
     if (N % 256 == 0) {
       GroupedTcTuning tf{kGroupedTcW128x256Fast, 0, 0};
       const std::vector<float> yf = run(tf);
-      dA.poison();
-      CK(gemm_fp8_grouped_tc_bf16(b, dA.p, ts, 0));
-      CK(cudaDeviceSynchronize());
-      const std::vector<__nv_bfloat16> ya = dA.down();
-      size_t far = 0, touched = 0;
+      const std::vector<__nv_bfloat16> ya = run_bf16(b, dA, ts);
+      size_t far = 0;
       double worst = 0;
-      for (int r = 0; r < std::max(1, M); ++r)
-        for (int64_t n = 0; n < ldh; ++n) {
-          const size_t i = (size_t)r * ldh + n;
-          uint16_t got16;
-          memcpy(&got16, &ya[i], 2);
-          if (r < total && n < NH) {
-            const double g = yf[(size_t)r * ldy + n], u = yf[(size_t)r * ldy + NH + n];
-            const double want = g / (1.0 + std::exp(-g)) * u;
-            const double got = (double)__bfloat162float(ya[i]);
-            const double e = std::fabs(got - want) / (std::fabs(want) + 1e-30);
-            if (std::fabs(want) > 1e-30) worst = std::max(worst, e);
-            far += !(e <= 1.0 / 128) && std::fabs(got - want) > 1e-30;
-          } else {
-            touched += got16 != 0xffffu;
-          }
-        }
+      const size_t touched = visit_bf16_out(ya, M, ldh, total, NH, [&](int r, int64_t n, size_t i, uint16_t) {
+        const double g = yf[(size_t)r * ldy + n], u = yf[(size_t)r * ldy + NH + n];
+        const double want = g / (1.0 + std::exp(-g)) * u;
+        const double got = (double)__bfloat162float(ya[i]);
+        const double e = std::fabs(got - want) / (std::fabs(want) + 1e-30);
+        if (std::fabs(want) > 1e-30) worst = std::max(worst, e);
+        far += !(e <= 1.0 / 128) && std::fabs(got - want) > 1e-30;
+      });
       report("grouped_tc SiLU gate|up", fmt("%s: worst rel %.1e, beyond 2^-7 %zu, touched %zu", shape.c_str(), worst,
                                             far, touched),
              far + touched ? 1.0 : 0.0, 0.0);
       GroupedTcTuning tq = ts;
       tq.tile_counter = g_tile_ctr;
-      dA.poison();
-      CK(gemm_fp8_grouped_tc_bf16(b, dA.p, tq, 0));
-      CK(cudaDeviceSynchronize());
-      const std::vector<__nv_bfloat16> yq = dA.down();
+      const std::vector<__nv_bfloat16> yq = run_bf16(b, dA, tq);
       report("grouped_tc SiLU gate|up queue", fmt("%s bitwise", shape.c_str()),
              memcmp(yq.data(), ya.data(), ya.size() * 2) ? 1.0 : 0.0, 0.0);
     }
