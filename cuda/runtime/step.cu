@@ -1823,10 +1823,20 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
     } else {
       out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
     }
-    out[GLMRT_PROF_EXPERT_GATE_UP] += groups * 2 * (int64_t)d.MI * H + T * d.slots * (H + 2 * (int64_t)d.MI * 4);
-    out[GLMRT_PROF_ACTIVATION] += T * d.slots * (int64_t)d.MI * (8 + 1);
-    out[GLMRT_PROF_EXPERT_DOWN] += groups * H * (int64_t)d.MI + T * d.slots * ((int64_t)d.MI + H * 4);
-    out[GLMRT_PROF_MOE_COMBINE] += T * d.slots * H * 4 + T * H * 4;
+    // The rows between the experts' kernels as mlp_block writes them: on the
+    // grouped tensor-core path (prefill) gate|up's BF16 rows — or, SiLU-fused,
+    // the BF16 activations — and down's BF16 rows where the combine feeds the
+    // next norm; FP32 otherwise.
+    const bool grouped = experts_grouped_tc(e, m);
+    const bool gu16 = grouped && glmk::silu_mul_quant_bf16_supported(d.MI);
+    const bool silu_fused = gu16 && !e.exact && glmk::gemm_fp8_grouped_tc_silu_supported(2 * d.MI, d.H);
+    const bool y16 = grouped && !e.exact && combine_feeds_norm(e, l);
+    const int64_t gu_row = silu_fused ? (int64_t)d.MI * 2 : 2 * (int64_t)d.MI * (gu16 ? 2 : 4);
+    const int64_t y_row = H * (y16 ? 2 : 4);
+    out[GLMRT_PROF_EXPERT_GATE_UP] += groups * 2 * (int64_t)d.MI * H + T * d.slots * (H + gu_row);
+    out[GLMRT_PROF_ACTIVATION] += T * d.slots * (gu_row + (int64_t)d.MI);
+    out[GLMRT_PROF_EXPERT_DOWN] += groups * H * (int64_t)d.MI + T * d.slots * ((int64_t)d.MI + y_row);
+    out[GLMRT_PROF_MOE_COMBINE] += T * d.slots * y_row + T * H * 4;
   }
   const int64_t rows = m.graph ? m.rows : m.n_logits;
   out[GLMRT_PROF_NORM] += rows * H * (4 + 4 + 2);
