@@ -892,6 +892,33 @@ bool combine_feeds_norm(const Engine& e, int l) {
          glmk::combine_add_rmsnorm_supported(e.d.H, e.d.slots);
 }
 
+// The formats of MoE layer l's rows between the experts' kernels; mlp_block
+// writes them so and step_bytes counts them so. On the grouped tensor-core
+// path (prefill): gate|up's rows in BF16 (the SiLU kernel widens them back:
+// half the bytes its GEMM writes and the SiLU reads; 2k-token prefill on an
+// H100: 50 MB a layer in FP32, the SiLU 21 us at 73% of DRAM), on sm_90 with
+// SiLU·up in gate|up's epilogue instead (GroupedTcTuning::silu_gate_up: the
+// BF16 activations [rows][MI], half of the gate|up rows' bytes, a quantization
+// pass over them replacing the SiLU pass), and down's rows in BF16 where the
+// combine feeds the next norm (the combine widens them back and sums in FP32:
+// 2k-token prefill on an H100, 84 MB per layer in FP32, the combine 61 us at
+// 78% of DRAM; the residual rows stay FP32, and the FP8 rows the next layer
+// reads are what the rounding reaches, well below their own 2^-4 steps).
+// FP32 otherwise.
+struct ExpertRowFormats {
+  bool gate_up_bf16 = false;  // gate|up (or, silu_fused, the activations) in BF16
+  bool silu_fused = false;
+  bool down_bf16 = false;
+};
+ExpertRowFormats expert_row_formats(const Engine& e, const Meta& m, int l) {
+  ExpertRowFormats f;
+  const bool grouped = experts_grouped_tc(e, m);
+  f.gate_up_bf16 = grouped && glmk::silu_mul_quant_bf16_supported(e.d.MI);
+  f.silu_fused = f.gate_up_bf16 && !e.exact && glmk::gemm_fp8_grouped_tc_silu_supported(2 * e.d.MI, e.d.H);
+  f.down_bf16 = grouped && !e.exact && combine_feeds_norm(e, l);
+  return f;
+}
+
 // Whether the attention half of this step's layers runs as one attn_layer_t1
 // launch (q|k|v, q/k norm + RoPE + the KV write, attention, o_proj; kernels.h):
 // one decoding token on the FP8 path. At batch 1 those were four launches.
@@ -1322,16 +1349,11 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   gtc.tile_counter = r.tile_queue;
   const bool grouped_tc = experts_grouped_tc(e, m);
   if (grouped_tc) g.M = T * d.slots;  // bounds the tiles (the streaming form leaves M unset)
-  // On that path gate|up comes out in BF16 (the SiLU kernel widens it back):
-  // half the bytes its GEMM writes and the SiLU reads (2k-token prefill on an
-  // H100: 50 MB a layer in FP32, the SiLU 21 us at 73% of DRAM).
-  __nv_bfloat16* const gu16 =
-      grouped_tc && glmk::silu_mul_quant_bf16_supported(d.MI) ? reinterpret_cast<__nv_bfloat16*>(r.big) : nullptr;
-  // There, on sm_90, SiLU·up in gate|up's epilogue (GroupedTcTuning::
-  // silu_gate_up): it writes the BF16 activations [rows][MI], half of the
-  // gate|up rows' bytes, and a quantization pass over them replaces the SiLU
-  // pass over the gate|up rows.
-  const bool silu_fused = gu16 && !e.exact && glmk::gemm_fp8_grouped_tc_silu_supported(2 * d.MI, d.H);
+  // The rows between the experts' kernels (expert_row_formats): BF16 gate|up
+  // rows or SiLU·up activations, BF16 down rows, on that path.
+  const ExpertRowFormats rf = expert_row_formats(e, m, l);
+  __nv_bfloat16* const gu16 = rf.gate_up_bf16 ? reinterpret_cast<__nv_bfloat16*>(r.big) : nullptr;
+  const bool silu_fused = rf.silu_fused;
   // Past kStreamMaxRows rows (a few per expert) on sm_90: the TMA-fed
   // tensor-core streaming kernel, whose 16/32-row token tiles hold an
   // expert's rows in one pass. On an H200 (stream_tc_check --bench, 20 rank
@@ -1399,13 +1421,8 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   dn.max_active_groups = g.max_active_groups;
   dn.typical_rows_per_group = g.typical_rows_per_group;
   // Prefill-sized steps ending in combine_add_rmsnorm: the expert rows in
-  // BF16 (the GEMM rounds, the combine widens them back and sums in FP32),
-  // half the bytes the down GEMM writes and the combine reads (2k-token
-  // prefill on an H100: 84 MB per layer in FP32; the combine took 61 us at
-  // 78% of DRAM). The residual rows stay FP32; the FP8 rows the next layer
-  // reads are what the rounding reaches, well below their own 2^-4 steps.
-  __nv_bfloat16* const y16 =
-      grouped_tc && !e.exact && combine_feeds_norm(e, l) ? reinterpret_cast<__nv_bfloat16*>(r.ysort) : nullptr;
+  // BF16 (expert_row_formats).
+  __nv_bfloat16* const y16 = rf.down_bf16 ? reinterpret_cast<__nv_bfloat16*>(r.ysort) : nullptr;
   dn.Y = y16 ? nullptr : r.ysort;
   dn.ldy = d.H;
   if (grouped_tc) dn.M = T * d.slots;
@@ -1823,16 +1840,10 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
     } else {
       out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
     }
-    // The rows between the experts' kernels as mlp_block writes them: on the
-    // grouped tensor-core path (prefill) gate|up's BF16 rows — or, SiLU-fused,
-    // the BF16 activations — and down's BF16 rows where the combine feeds the
-    // next norm; FP32 otherwise.
-    const bool grouped = experts_grouped_tc(e, m);
-    const bool gu16 = grouped && glmk::silu_mul_quant_bf16_supported(d.MI);
-    const bool silu_fused = gu16 && !e.exact && glmk::gemm_fp8_grouped_tc_silu_supported(2 * d.MI, d.H);
-    const bool y16 = grouped && !e.exact && combine_feeds_norm(e, l);
-    const int64_t gu_row = silu_fused ? (int64_t)d.MI * 2 : 2 * (int64_t)d.MI * (gu16 ? 2 : 4);
-    const int64_t y_row = H * (y16 ? 2 : 4);
+    // The rows between the experts' kernels as mlp_block writes them.
+    const ExpertRowFormats rf = expert_row_formats(e, m, l);
+    const int64_t gu_row = rf.silu_fused ? (int64_t)d.MI * 2 : 2 * (int64_t)d.MI * (rf.gate_up_bf16 ? 2 : 4);
+    const int64_t y_row = H * (rf.down_bf16 ? 2 : 4);
     out[GLMRT_PROF_EXPERT_GATE_UP] += groups * 2 * (int64_t)d.MI * H + T * d.slots * (H + gu_row);
     out[GLMRT_PROF_ACTIVATION] += T * d.slots * (gu_row + (int64_t)d.MI);
     out[GLMRT_PROF_EXPERT_DOWN] += groups * H * (int64_t)d.MI + T * d.slots * ((int64_t)d.MI + y_row);
