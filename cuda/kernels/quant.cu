@@ -195,14 +195,14 @@ __global__ void __launch_bounds__(kThreads) silu_mul_quant_vec_kernel(
     for (int k = 0; k < NV; ++k) {
       const int c = tid + k * nt;
       if (c < n4) {
-        const float4 g = h[k];
-        if constexpr (ACT)
-          ;  // h[k] is the activation
-        else if constexpr (kFast)
-          h[k] = make_float4(silu_fast(g.x) * u[k].x, silu_fast(g.y) * u[k].y, silu_fast(g.z) * u[k].z,
-                             silu_fast(g.w) * u[k].w);
-        else
-          h[k] = make_float4(silu(g.x) * u[k].x, silu(g.y) * u[k].y, silu(g.z) * u[k].z, silu(g.w) * u[k].w);
+        if constexpr (!ACT) {  // (with ACT h[k] is the activation already)
+          const float4 g = h[k];
+          if constexpr (kFast)
+            h[k] = make_float4(silu_fast(g.x) * u[k].x, silu_fast(g.y) * u[k].y, silu_fast(g.z) * u[k].z,
+                               silu_fast(g.w) * u[k].w);
+          else
+            h[k] = make_float4(silu(g.x) * u[k].x, silu(g.y) * u[k].y, silu(g.z) * u[k].z, silu(g.w) * u[k].w);
+        }
         amax = amax4(amax, h[k]);
       }
     }
