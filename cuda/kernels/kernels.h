@@ -745,6 +745,19 @@ bool router_logits_normed_supported(int E, int H);
 cudaError_t router_logits_normed(const float* h, const float* norm_w, const float* rstd, const float* W,
                                  float* logits, int T, int E, int H, cudaStream_t st);
 
+// The prefill post-attention norm and the router's logits in one launch (one
+// read of h from HBM instead of two): n as add_rmsnorm takes it with no delta
+// (o_proj already added into h), no row_index, FP8 rows out (out_q,
+// out_scale; out_rstd optional; no FP32 or BF16 rows), and logits [rows][E]
+// as router_logits_normed computes them from those rows — here as r times
+// the sum of (w * h) * W (3xTF32), r = 1 / rms. The codes are add_rmsnorm's
+// y = w * (h * r) quantized with the scale max(r * max|w * h| / 448, min),
+// which may differ from add_rmsnorm's max|y| / 448 in its last bits (and r
+// itself, its sum of squares taken in another order). E <= 24, H % 32 == 0,
+// h, weight, W 16-byte aligned, out_q 8-byte aligned.
+bool rmsnorm_router_logits_supported(int E, int H);
+cudaError_t rmsnorm_router_logits(const AddNormArgs& n, const float* W, float* logits, int E, cudaStream_t st);
+
 // Sort (token, slot) pairs by local expert: offsets[G+1], sorted_rows[pos] =
 // token, inv[t*slots+j] = pos (or -1 for non-local slots). One block.
 cudaError_t moe_align(const int* ids, int T, int slots, int n_groups, int* offsets,

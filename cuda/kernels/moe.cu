@@ -1413,10 +1413,25 @@ __device__ __forceinline__ void mma_tf32_16x8x8(float (&d)[4], const uint32_t (&
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int NTL>  // 8-expert tiles: E <= 8 * NTL
+// The outputs of the post-attention norm that rmsnorm_router_logits writes
+// with the logits (NORM): its FP8 rows, their scales and 1/rms.
+struct RlNormOut {
+  float eps;
+  uint8_t* q;
+  float* scale;
+  float* rstd;
+};
+
+// NORM (rmsnorm_router_logits): no rstd yet. The first pass takes u = w * h
+// (r = 1) and also sums each row's squares and its largest |u|; then r = 1 /
+// rms, the logits are r times the sums of u * W, the scale max(r max|u| /
+// 448, min), and a second pass over the CTA's rows (from L2: the first pass
+// read them with the normal cache policy) writes the FP8 codes of y = w * (h
+// * r) — add_rmsnorm's y.
+template <int NTL, bool NORM = false>  // 8-expert tiles: E <= 8 * NTL
 __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kernel(
     const float* __restrict__ h, const float* __restrict__ norm_w, const float* __restrict__ rstd,
-    const float* __restrict__ W, float* __restrict__ logits, int T, int E, int H) {
+    const float* __restrict__ W, float* __restrict__ logits, int T, int E, int H, RlNormOut no = {}) {
   __shared__ float part[kRlTcWarps][kRlTcRows][8 * NTL];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
@@ -1429,8 +1444,10 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
   for (int i = 0; i < 2; ++i) {
     const int t = t0 + g + 8 * i;
     hr[i] = reinterpret_cast<const float4*>(h + (int64_t)min(t, T - 1) * H) + 2 * c;
-    r[i] = t < T ? rstd[t] : 0.f;
+    if constexpr (NORM) r[i] = t < T ? 1.f : 0.f;
+    else r[i] = t < T ? rstd[t] : 0.f;
   }
+  float ss[2] = {0.f, 0.f}, am[2] = {0.f, 0.f};  // NORM: sums of h^2, max |w * h|
   const float4* wr[NTL];
 #pragma unroll
   for (int n = 0; n < NTL; ++n) wr[n] = reinterpret_cast<const float4*>(W + (int64_t)min(g + 8 * n, E - 1) * H) + 2 * c;
@@ -1451,8 +1468,13 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
   auto load_rows = [&](int k) {  // chunk k's float4 column offset is 8k
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      hv[i][0] = __ldcs(hr[i] + 8 * k);
-      hv[i][1] = __ldcs(hr[i] + 8 * k + 1);
+      if constexpr (NORM) {  // read again by the second pass: kept in L2
+        hv[i][0] = __ldg(hr[i] + 8 * k);
+        hv[i][1] = __ldg(hr[i] + 8 * k + 1);
+      } else {
+        hv[i][0] = __ldcs(hr[i] + 8 * k);
+        hv[i][1] = __ldcs(hr[i] + 8 * k + 1);
+      }
     }
   };
   auto load_weights = [&](int k) {
@@ -1481,6 +1503,13 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
                              hv[i][1].x, hv[i][1].y, hv[i][1].z, hv[i][1].w};
 #pragma unroll
         for (int q = 0; q < 8; ++q) y[i][q] = nf[q] * (hf[q] * r[i]);  // add_rmsnorm's y, bit for bit
+        if constexpr (NORM) {
+#pragma unroll
+          for (int q = 0; q < 8; ++q) {
+            ss[i] += hf[q] * hf[q];
+            am[i] = fmaxf(am[i], fabsf(y[i][q]));
+          }
+        }
       }
 #pragma unroll
       for (int n = 0; n < NTL; ++n) {
@@ -1543,8 +1572,84 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
     part[warp][g + 8][8 * n + 2 * c] = d[n][2];
     part[warp][g + 8][8 * n + 2 * c + 1] = d[n][3];
   }
-  __syncthreads();
-  rl_sum_warps(part, t0, T, E, logits);
+  if constexpr (!NORM) {
+    __syncthreads();
+    rl_sum_warps(part, t0, T, E, logits);
+  } else {
+    // Each row's sums over its 4 lanes, then over the warps in warp order.
+    __shared__ float s_ss[kRlTcWarps][kRlTcRows], s_am[kRlTcWarps][kRlTcRows], s_r[kRlTcRows], s_inv[kRlTcRows];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {
+        ss[i] += __shfl_xor_sync(0xffffffffu, ss[i], o);
+        am[i] = fmaxf(am[i], __shfl_xor_sync(0xffffffffu, am[i], o));
+      }
+      if (c == 0) {
+        s_ss[warp][g + 8 * i] = ss[i];
+        s_am[warp][g + 8 * i] = am[i];
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x < kRlTcRows) {
+      const int row = threadIdx.x, t = t0 + row;
+      float sum = 0.f, mx = 0.f;
+#pragma unroll
+      for (int w = 0; w < kRlTcWarps; ++w) {
+        sum += s_ss[w][row];
+        mx = fmaxf(mx, s_am[w][row]);
+      }
+      const float rr = 1.0f / sqrtf(sum / (float)H + no.eps);
+      const float sc = fmaxf(mx * rr / kFp8Max, kMinActScale);
+      s_r[row] = rr;
+      s_inv[row] = 1.0f / sc;
+      if (t < T) {
+        no.scale[t] = sc;
+        if (no.rstd) no.rstd[t] = rr;
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kRlTcRows * E; idx += blockDim.x) {
+      const int row = idx / E, e = idx - row * E, t = t0 + row;
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kRlTcWarps; ++w) sum += part[w][row][e];
+      if (t < T) logits[(int64_t)t * E + e] = s_r[row] * sum;
+    }
+    // The FP8 rows: y = w * (h * r) (add_rmsnorm's operations), this warp's
+    // chunks again, the next chunk's rows requested before this one's codes.
+    float rq[2], inv[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      rq[i] = s_r[g + 8 * i];
+      inv[i] = s_inv[g + 8 * i];
+    }
+    int k2 = warp;
+    if (k2 < chunks) load_rows(k2);
+    for (; k2 < chunks; k2 += kRlTcWarps) {
+      float4 hc[2][2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) hc[i][0] = hv[i][0], hc[i][1] = hv[i][1];
+      if (k2 + kRlTcWarps < chunks) load_rows(k2 + kRlTcWarps);
+      const float4 n0 = __ldg(nw + 8 * k2), n1 = __ldg(nw + 8 * k2 + 1);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int t = t0 + g + 8 * i;
+        if (t >= T) continue;
+        float4 y0, y1;
+        y0.x = n0.x * (hc[i][0].x * rq[i]);
+        y0.y = n0.y * (hc[i][0].y * rq[i]);
+        y0.z = n0.z * (hc[i][0].z * rq[i]);
+        y0.w = n0.w * (hc[i][0].w * rq[i]);
+        y1.x = n1.x * (hc[i][1].x * rq[i]);
+        y1.y = n1.y * (hc[i][1].y * rq[i]);
+        y1.z = n1.z * (hc[i][1].z * rq[i]);
+        y1.w = n1.w * (hc[i][1].w * rq[i]);
+        *reinterpret_cast<uint2*>(no.q + (int64_t)t * H + 32 * k2 + 8 * c) =
+            make_uint2(pack_e4m3x4(y0, inv[i]), pack_e4m3x4(y1, inv[i]));
+      }
+    }
+  }
 }
 
 bool g_rl_fma_only = false;  // router_logits_normed_force_fma (tests / benches)
@@ -1581,6 +1686,26 @@ cudaError_t router_logits_normed(const float* h, const float* norm_w, const floa
   if (E <= 16) return launch(std::integral_constant<int, 2>{});
   if (E <= 24) return launch(std::integral_constant<int, 3>{});
   return launch(std::integral_constant<int, 4>{});
+}
+
+bool rmsnorm_router_logits_supported(int E, int H) { return E >= 1 && E <= 24 && H >= 32 && H % 32 == 0; }
+
+cudaError_t rmsnorm_router_logits(const AddNormArgs& n, const float* W, float* logits, int E, cudaStream_t st) {
+  if (n.rows <= 0) return cudaSuccess;
+  if (!rmsnorm_router_logits_supported(E, n.hidden) || !n.h || !n.weight || !W || !logits || !n.out_q ||
+      !n.out_scale || n.delta || n.row_index || n.out_f32 || n.out_bf16 || n.keep_h || (uintptr_t)n.h % 16 ||
+      (uintptr_t)n.weight % 16 || (uintptr_t)W % 16 || (uintptr_t)n.out_q % 8)
+    return cudaErrorInvalidValue;
+  const RlNormOut no{n.eps, n.out_q, n.out_scale, n.out_rstd};
+  auto launch = [&](auto ntl) {
+    constexpr int N = decltype(ntl)::value;
+    router_logits_normed_tc_kernel<N, true><<<(n.rows + kRlTcRows - 1) / kRlTcRows, kRlTcThreads, 0, st>>>(
+        n.h, n.weight, nullptr, W, logits, n.rows, E, n.hidden, no);
+    return cudaGetLastError();
+  };
+  if (E <= 8) return launch(std::integral_constant<int, 1>{});
+  if (E <= 16) return launch(std::integral_constant<int, 2>{});
+  return launch(std::integral_constant<int, 3>{});
 }
 
 cudaError_t moe_align(const int* ids, int T, int slots, int n_groups, int* offsets,
