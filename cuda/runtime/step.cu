@@ -777,9 +777,13 @@ constexpr int kRouterFromHMinRows = GLMRT_ROUTER_FROM_H_MIN_ROWS;
 
 // Whether a prefill MoE layer's post-attention norm and router logits are one
 // launch (rmsnorm_router_logits; mlp_block also needs o_proj's product added
-// into h already, which one GPU's cuBLASLt path does).
+// into h already, which one GPU's cuBLASLt path does): from
+// kNormLogitsMinRows rows. H200, small_check --bench (2026-11-29, us, norm +
+// logits in two launches -> one): 512 rows 17.16 -> 17.84, 2,048 29.44 ->
+// 26.87, 8,192 106.80 -> 99.76; TTFT 2,048 44.2 -> 43.9 ms.
+constexpr int kNormLogitsMinRows = 2048;
 bool norm_logits_one_launch(const Engine& e, const Meta& m) {
-  return !e.exact && e.tp == 1 && m.policy_rows >= kRouterFromHMinRows &&
+  return !e.exact && e.tp == 1 && m.policy_rows >= std::max(kRouterFromHMinRows, kNormLogitsMinRows) &&
          !glmk::router_fused_supported(m.policy_rows, e.d.E, e.d.H) &&
          glmk::router_logits_normed_supported(e.d.E, e.d.H) && glmk::rmsnorm_router_logits_supported(e.d.E, e.d.H);
 }
@@ -1234,8 +1238,7 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
   n.out_rstd = router_from_h ? r.rstd : nullptr;
   // And with no delta to add (o_proj added into h), that norm and the logits
   // are one launch (rmsnorm_router_logits): h is read from HBM once, not
-  // twice. H200, small_check --bench (2,048 rows, us): norm + logits 29.5 in
-  // two launches, NORM_ROUTER_ONE_PASS_US in one.
+  // twice (its second pass reads the CTA's rows back from L2).
   const bool norm_logits = router_from_h && norm_logits_one_launch(e, m) && !n.delta && !n.out_f32 && !n.row_index;
   if (!norm_router && !norm_logits) {
     KCHECK(glmk::add_rmsnorm(n, r.stream), "layer %d: post-attention add_rmsnorm", l);
