@@ -1576,6 +1576,17 @@ static void check_router_fused(cublasHandle_t cb) {
 // the logits must match a float64 sum over those rows (and cuBLAS's SGEMM on
 // them, the path they replace) to FP32 rounding, rows past T stay untouched,
 // and bad arguments are refused.
+// Residual rows as the router checks draw them: each row normal values at
+// its own magnitude, 10^-2 .. 10^2.
+static std::vector<float> residual_rows(int T, int H) {
+  std::vector<float> h((size_t)T * H);
+  for (int r = 0; r < T; ++r) {
+    const float mag = std::pow(10.f, randu(-2, 2));
+    for (int k = 0; k < H; ++k) h[(size_t)r * H + k] = randn() * mag;
+  }
+  return h;
+}
+
 static void check_router_logits_normed(cublasHandle_t cb) {
   const float eps = 1e-5f;
   // Router weights: BF16 values (a checkpoint's, TF32-exact: the tensor-core
@@ -1593,11 +1604,8 @@ static void check_router_logits_normed(cublasHandle_t cb) {
                        Case{17, 20, 5120, kWF32}, Case{2048, 20, 5120, kWF32}, Case{33, 32, 5120, kWF32},
                        Case{300, 20, 5120, kWMixed}, Case{64, 24, 128, kWMixed}}) {
     const int T = c.T, E = c.E, H = c.H;
-    std::vector<float> h((size_t)T * H), w(H), W((size_t)E * H);
-    for (int r = 0; r < T; ++r) {
-      const float mag = std::pow(10.f, randu(-2, 2));
-      for (int k = 0; k < H; ++k) h[(size_t)r * H + k] = randn() * mag;
-    }
+    const std::vector<float> h = residual_rows(T, H);
+    std::vector<float> w(H), W((size_t)E * H);
     for (auto& v : w) v = bf16_round(randu(0.5f, 1.5f));
     for (auto& v : W) v = c.wk == kWF32 ? randn() * 0.02f : bf16_round(randn() * 0.02f);
     if (c.wk == kWMixed)
@@ -1606,15 +1614,9 @@ static void check_router_logits_normed(cublasHandle_t cb) {
     Dev<float> dh(h), dw(w), dW(W), dy((size_t)T * H), drs(T), dlog((size_t)(T + 1) * E), dref((size_t)T * E);
     Dev<uint8_t> dq((size_t)T * H);
     Dev<float> ds(T);
-    AddNormArgs a;
-    a.h = dh.p;
-    a.weight = dw.p;
-    a.rows = T;
-    a.hidden = H;
+    AddNormArgs a = fp8_norm_args(dh.p, dw.p, T, H, dq.p, ds.p);
     a.eps = eps;
     a.out_f32 = dy.p;
-    a.out_q = dq.p;
-    a.out_scale = ds.p;
     a.out_rstd = drs.p;
     drs.poison();
     dlog.poison();
@@ -1697,24 +1699,15 @@ static void check_rmsnorm_router_logits() {
   for (const Case c : {Case{1, 20, 5120}, Case{17, 20, 5120}, Case{300, 20, 5120}, Case{2048, 20, 5120},
                        Case{33, 24, 5120}, Case{16, 8, 256}, Case{40, 17, 4096}, Case{5, 1, 128}}) {
     const int T = c.T, E = c.E, H = c.H;
-    std::vector<float> h((size_t)T * H), w(H), W((size_t)E * H);
-    for (int r = 0; r < T; ++r) {
-      const float mag = std::pow(10.f, randu(-2, 2));
-      for (int k = 0; k < H; ++k) h[(size_t)r * H + k] = randn() * mag;
-    }
+    const std::vector<float> h = residual_rows(T, H);
+    std::vector<float> w(H), W((size_t)E * H);
     for (auto& v : w) v = bf16_round(randu(0.5f, 1.5f));
     for (auto& v : W) v = bf16_round(randn() * 0.02f);
     Dev<float> dh(h), dw(w), dW(W), drs(T + 1), dsc(T + 1), dlog((size_t)(T + 1) * E);
     Dev<float> drs0(T), dsc0(T), dlog0((size_t)T * E);
     Dev<uint8_t> dq((size_t)(T + 1) * H), dq0((size_t)T * H);
-    AddNormArgs a;
-    a.h = dh.p;
-    a.weight = dw.p;
-    a.rows = T;
-    a.hidden = H;
+    AddNormArgs a = fp8_norm_args(dh.p, dw.p, T, H, dq0.p, dsc0.p);
     a.eps = eps;
-    a.out_q = dq0.p;
-    a.out_scale = dsc0.p;
     a.out_rstd = drs0.p;
     CK(add_rmsnorm(a, 0));  // the two-launch reference
     CK(router_logits_normed(dh.p, dw.p, drs0.p, dW.p, dlog0.p, T, E, H, 0));
@@ -1772,13 +1765,7 @@ static void check_rmsnorm_router_logits() {
   // Refusals: a delta, E past 24, H not a multiple of 32, FP32 rows asked for.
   Dev<float> buf(64 * 1024);
   Dev<uint8_t> qb(64 * 1024);
-  AddNormArgs ok;
-  ok.h = buf.p;
-  ok.weight = buf.p;
-  ok.rows = 4;
-  ok.hidden = 128;
-  ok.out_q = qb.p;
-  ok.out_scale = buf.p + 32 * 1024;
+  const AddNormArgs ok = fp8_norm_args(buf.p, buf.p, 4, 128, qb.p, buf.p + 32 * 1024);
   AddNormArgs with_delta = ok, with_f32 = ok, h130 = ok, zero = ok;
   with_delta.delta = buf.p;
   with_f32.out_f32 = buf.p + 16 * 1024;
