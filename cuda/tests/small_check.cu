@@ -2959,7 +2959,7 @@ static void bench(cublasHandle_t cb) {
   // SGEMM router logits against the norm writing its per-row factors and
   // router_logits_normed reading the residual rows; three copies of the rows
   // rotate so L2 does not hold them (42 MB each at T = 2048).
-  for (int T : {512, 2048, 8192}) {
+  for (int T : {512, 1024, 2048, 8192}) {
     const int E = 20, copies = 3;
     const size_t n = (size_t)T * H;
     Dev<float> hh(n * copies), yf(n), lw((size_t)E * H), lw32((size_t)E * H), lg((size_t)T * E), rs(T), scl(T);
