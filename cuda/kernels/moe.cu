@@ -1427,7 +1427,10 @@ struct RlNormOut {
 // rms, the logits are r times the sums of u * W, the scale max(r max|u| /
 // 448, min), and a second pass over the CTA's rows (from L2: the first pass
 // read them with the normal cache policy) writes the FP8 codes of y = w * (h
-// * r) — add_rmsnorm's y.
+// * r) — add_rmsnorm's y — four chunks' rows requested at once. H200
+// (small_check --bench, 2026-11-29, us at 1,024 / 2,048 / 8,192 rows): one
+// chunk ahead 19.01 / 26.87 / 99.76, four 19.02 / 24.53 / 91.07; with the
+// first pass's rows marked evict_last in L2 as well, 28.38 at 2,048.
 template <int NTL, bool NORM = false>  // 8-expert tiles: E <= 8 * NTL
 __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kernel(
     const float* __restrict__ h, const float* __restrict__ norm_w, const float* __restrict__ rstd,
@@ -1617,36 +1620,48 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
       if (t < T) logits[(int64_t)t * E + e] = s_r[row] * sum;
     }
     // The FP8 rows: y = w * (h * r) (add_rmsnorm's operations), this warp's
-    // chunks again, the next chunk's rows requested before this one's codes.
+    // chunks again (from L2), four chunks' rows requested before their codes.
     float rq[2], inv[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       rq[i] = s_r[g + 8 * i];
       inv[i] = s_inv[g + 8 * i];
     }
-    int k2 = warp;
-    if (k2 < chunks) load_rows(k2);
-    for (; k2 < chunks; k2 += kRlTcWarps) {
-      float4 hc[2][2];
+    constexpr int kAhead = 4;
+    for (int k0 = warp; k0 < chunks; k0 += kAhead * kRlTcWarps) {
+      float4 hq[kAhead][2][2];
 #pragma unroll
-      for (int i = 0; i < 2; ++i) hc[i][0] = hv[i][0], hc[i][1] = hv[i][1];
-      if (k2 + kRlTcWarps < chunks) load_rows(k2 + kRlTcWarps);
-      const float4 n0 = __ldg(nw + 8 * k2), n1 = __ldg(nw + 8 * k2 + 1);
+      for (int j = 0; j < kAhead; ++j) {
+        const int k2 = k0 + j * kRlTcWarps;
+        if (k2 >= chunks) continue;
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int t = t0 + g + 8 * i;
-        if (t >= T) continue;
-        float4 y0, y1;
-        y0.x = n0.x * (hc[i][0].x * rq[i]);
-        y0.y = n0.y * (hc[i][0].y * rq[i]);
-        y0.z = n0.z * (hc[i][0].z * rq[i]);
-        y0.w = n0.w * (hc[i][0].w * rq[i]);
-        y1.x = n1.x * (hc[i][1].x * rq[i]);
-        y1.y = n1.y * (hc[i][1].y * rq[i]);
-        y1.z = n1.z * (hc[i][1].z * rq[i]);
-        y1.w = n1.w * (hc[i][1].w * rq[i]);
-        *reinterpret_cast<uint2*>(no.q + (int64_t)t * H + 32 * k2 + 8 * c) =
-            make_uint2(pack_e4m3x4(y0, inv[i]), pack_e4m3x4(y1, inv[i]));
+        for (int i = 0; i < 2; ++i) {
+          hq[j][i][0] = __ldcs(hr[i] + 8 * k2);
+          hq[j][i][1] = __ldcs(hr[i] + 8 * k2 + 1);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kAhead; ++j) {
+        const int k2 = k0 + j * kRlTcWarps;
+        if (k2 >= chunks) continue;
+        const float4 n0 = __ldg(nw + 8 * k2), n1 = __ldg(nw + 8 * k2 + 1);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int t = t0 + g + 8 * i;
+          if (t >= T) continue;
+          const float4(&hc)[2] = hq[j][i];
+          float4 y0, y1;
+          y0.x = n0.x * (hc[0].x * rq[i]);
+          y0.y = n0.y * (hc[0].y * rq[i]);
+          y0.z = n0.z * (hc[0].z * rq[i]);
+          y0.w = n0.w * (hc[0].w * rq[i]);
+          y1.x = n1.x * (hc[1].x * rq[i]);
+          y1.y = n1.y * (hc[1].y * rq[i]);
+          y1.z = n1.z * (hc[1].z * rq[i]);
+          y1.w = n1.w * (hc[1].w * rq[i]);
+          *reinterpret_cast<uint2*>(no.q + (int64_t)t * H + 32 * k2 + 8 * c) =
+              make_uint2(pack_e4m3x4(y0, inv[i]), pack_e4m3x4(y1, inv[i]));
+        }
       }
     }
   }
