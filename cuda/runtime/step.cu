@@ -779,8 +779,8 @@ constexpr int kRouterFromHMinRows = GLMRT_ROUTER_FROM_H_MIN_ROWS;
 // launch (rmsnorm_router_logits; mlp_block also needs o_proj's product added
 // into h already, which one GPU's cuBLASLt path does): from
 // kNormLogitsMinRows rows. H200, small_check --bench (2026-11-29, us, norm +
-// logits in two launches -> one): 512 rows 17.06 -> 17.80, 1,024 20.36 ->
-// 19.01, 2,048 29.62 -> 26.93, 8,192 106.53 -> 99.75; TTFT 2,048 44.2 -> 43.9 ms.
+// logits in two launches -> one): 512 rows 17.19 -> 18.44, 1,024 20.45 ->
+// 19.02, 2,048 29.26 -> 24.53, 8,192 106.47 -> 91.07; TTFT 2,048 ~44.6 -> ~44.3 ms.
 constexpr int kNormLogitsMinRows = 1024;
 bool norm_logits_one_launch(const Engine& e, const Meta& m) {
   return !e.exact && e.tp == 1 && m.policy_rows >= std::max(kRouterFromHMinRows, kNormLogitsMinRows) &&
