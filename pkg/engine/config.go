@@ -56,6 +56,11 @@ type Config struct {
 	// Detokenizer produces event text and is needed for stop strings. nil =
 	// events carry token ids only.
 	Detokenizer Detokenizer
+	// TextBetweenSteps decodes every sampled token's text before the next
+	// step starts, instead of while it runs (overlap.go: for the sequences
+	// whose continuation does not depend on the text). A debugging aid: the
+	// events and their order are the same either way.
+	TextBetweenSteps bool
 	// Logger receives lifecycle logs. nil = slog.Default().
 	Logger *slog.Logger
 	// DraftTokens turns on speculative decoding with the backend's draft

@@ -43,7 +43,10 @@ type Engine struct {
 	// Step loop only.
 	sched *scheduler
 	dirty []*sequence // sequences with undelivered events
-	stats Stats       // counters maintained by the loop
+	// deferred: sequences whose last token event waits for its text, decoded
+	// during the next backend step (overlap.go).
+	deferred, deferredSpare []*sequence
+	stats                   Stats // counters maintained by the loop
 
 	statsMu sync.Mutex
 	snap    Stats // last published copy
@@ -380,7 +383,13 @@ func (e *Engine) step(ctx context.Context, sched []scheduledSeq) error {
 		}
 	}
 	t0 := time.Now()
-	results, err := e.callStep(ctx, batch)
+	// The previous step's pending token texts are decoded while this one
+	// runs (overlap.go); joined before anything reads them.
+	join := e.startTextHelper()
+	results, err := func() ([]SeqResult, error) {
+		defer join()
+		return e.callStep(ctx, batch)
+	}()
 	dt := time.Since(t0)
 	if late {
 		// The backend may have failed before it waited for the masks.
@@ -596,6 +605,13 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 		}
 		constraintDone = seq.constraint.Done()
 	}
+	if e.deferText(seq) && !(seq.maxTokens > 0 && len(seq.output()) >= seq.maxTokens) && len(seq.tokens) < seq.maxLen {
+		// The sequence goes on whatever the text: decode it while the next
+		// step runs (overlap.go).
+		seq.textPending, seq.pendingEv = true, ev
+		e.deferred = append(e.deferred, seq)
+		return
+	}
 	if seq.text != nil {
 		text, stop, err := seq.text.push(tok)
 		if err != nil {
@@ -683,6 +699,15 @@ func (e *Engine) fillMasks(sched []scheduledSeq) map[*sequence]error {
 // finish ends a request: frees its blocks now, flushes held-back text and
 // queues the final event ev (which may carry the last token).
 func (e *Engine) finish(seq *sequence, ev Event, reason FinishReason, err error) {
+	if seq.textPending {
+		// The previous token's event first (its text was left for the
+		// next step, overlap.go).
+		if fev, ferr := e.flushText(seq); ferr != nil {
+			if reason != FinishError {
+				ev, reason, err = fev, FinishError, ferr
+			}
+		}
+	}
 	if !seq.started {
 		e.mu.Lock()
 		e.queued--

@@ -45,6 +45,10 @@ type sequence struct {
 	text   *textState // nil without a detokenizer
 	stream *Stream
 	events []Event // produced this iteration, delivered at the next flush
+	// textPending: pendingEv (a sampled token's event) waits for its text,
+	// decoded while the next step runs (overlap.go).
+	textPending bool
+	pendingEv   Event
 }
 
 func (s *sequence) output() []int32 { return s.tokens[s.numPrompt:] }

@@ -48,6 +48,10 @@ type Stats struct {
 	DraftsVerified uint64
 	DraftsAccepted uint64
 
+	// TextOverlapped counts the sampled tokens whose event text was decoded
+	// while the next Backend.Step ran (overlap.go) rather than between steps.
+	TextOverlapped uint64
+
 	Steps          uint64
 	StepTime       time.Duration // total time inside Backend.Step
 	LastStepTime   time.Duration
