@@ -126,6 +126,8 @@ var (
 		"Draft tokens (speculative decoding, --speculative mtp) the model verified.", nil, nil)
 	descDraftsAccepted = prometheus.NewDesc("glmctl_spec_decode_accepted_tokens_total",
 		"Draft tokens the model accepted.", nil, nil)
+	descTextOverlap = prometheus.NewDesc("glmctl_engine_text_overlapped_tokens_total",
+		"Generated tokens whose text was decoded while the next engine step ran (--overlap-output).", nil, nil)
 )
 
 // engineCollector turns one engine.Stats snapshot per scrape into metrics.
@@ -136,7 +138,7 @@ type engineCollector struct {
 func (c *engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descQueue, descRunning, descKVTotal, descKVUsed, descKVCached, descKVUsage,
 		descPrompt, descGenerated, descFinished, descRejected, descPreempt, descSteps, descPrefixQ, descPrefixH, descStepFail, descNonFinite,
-		descDraftsVerified, descDraftsAccepted} {
+		descDraftsVerified, descDraftsAccepted, descTextOverlap} {
 		ch <- d
 	}
 }
@@ -176,4 +178,5 @@ func (c *engineCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descNonFinite, st.NonFiniteLogits)
 	counter(descDraftsVerified, st.DraftsVerified)
 	counter(descDraftsAccepted, st.DraftsAccepted)
+	counter(descTextOverlap, st.TextOverlapped)
 }

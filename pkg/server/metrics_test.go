@@ -75,6 +75,9 @@ func TestMetrics(t *testing.T) {
 		{"glmctl_http_requests_total", []string{"path", "/v1/chat/completions", "code", "400"}, eq(1), "1"},
 		{"glmctl_prompt_tokens_total", nil, eq(8), "8"},
 		{"glmctl_generation_tokens_total", nil, eq(10), "10"},
+		// Every token but each request's last (it ends the request) has its
+		// text decoded while the next step runs.
+		{"glmctl_engine_text_overlapped_tokens_total", nil, eq(8), "8"},
 		{"glmctl_time_to_first_token_seconds", nil, eq(2), "2 observations"},
 		{"glmctl_inter_token_latency_seconds", nil, eq(8), "8 observations"},
 		{"glmctl_e2e_request_latency_seconds", nil, eq(2), "2 observations"},
