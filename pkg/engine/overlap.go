@@ -2,9 +2,10 @@ package engine
 
 // Output processing overlapped with the next step. Turning a sampled token
 // into event text costs two detokenizer calls (text.go: the window before
-// and after it) — through the Rust tokenizer ~2 µs each — so at 64 running
-// sequences ~0.25 ms of the step loop's time between two backend steps went
-// to text the next step does not depend on. A sequence whose continuation
+// and after it) — through the Rust tokenizer ~2-4 µs each — so at 64 running
+// sequences ~0.5 ms of the step loop's time between two backend steps went
+// to text the next step does not depend on (serving 64 streams on an H200:
+// 2% of the throughput, docs/perf.md 2026-11-29 twentieth session). A sequence whose continuation
 // the text cannot change (no stop strings, no constraint, not speculating,
 // not ending at this token) takes its token now and leaves the text for
 // later: its token event waits in pendingEv and is decoded and delivered by
