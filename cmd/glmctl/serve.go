@@ -61,7 +61,7 @@ rest and exits 0. Logs are JSON unless --log-format is given.`,
 	addPrefillWithDecodeFlag(f)
 	f.Int("max-model-len", 0, "most tokens (prompt + completion) of one request (0 = model context, capped by the KV cache)")
 	f.Bool("prefix-caching", true, "share KV blocks of common prompt prefixes between requests")
-	f.Bool("overlap-output", true, "decode generated tokens' text while the next engine step runs (off: between steps; the same output)")
+	f.Bool("overlap-output", true, "decode generated tokens' text while the next engine step runs (a stop string found there ends the request at that token; off: between steps; the same output)")
 	f.String("api-key", "", "require this key as \"Authorization: Bearer KEY\" or \"x-api-key: KEY\" on /v1/* (or GLMCTL_API_KEY)")
 	f.String("served-model-name", "", "model id clients send and /v1/models lists (default: the model directory's name)")
 	f.Int64("max-body-bytes", server.DefaultMaxBodyBytes, "largest request body accepted (413 beyond)")

@@ -57,9 +57,10 @@ type Config struct {
 	// events carry token ids only.
 	Detokenizer Detokenizer
 	// TextBetweenSteps decodes every sampled token's text before the next
-	// step starts, instead of while it runs (overlap.go: for the sequences
-	// whose continuation does not depend on the text). A debugging aid: the
-	// events and their order are the same either way.
+	// step starts, instead of while it runs (overlap.go: a stop string found
+	// there ends the request at that token, the next step's token for it
+	// dropped). A debugging aid: the events, their order, the usage and the
+	// finish are the same either way.
 	TextBetweenSteps bool
 	// Logger receives lifecycle logs. nil = slog.Default().
 	Logger *slog.Logger

@@ -606,8 +606,8 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 		constraintDone = seq.constraint.Done()
 	}
 	if e.deferText(seq) && !(seq.maxTokens > 0 && len(seq.output()) >= seq.maxTokens) && len(seq.tokens) < seq.maxLen {
-		// The sequence goes on whatever the text: decode it while the next
-		// step runs (overlap.go).
+		// Decode the text while the next step runs (overlap.go); a stop
+		// string in it ends the request at this token then.
 		seq.textPending, seq.pendingEv = true, ev
 		e.deferred = append(e.deferred, seq)
 		return
@@ -702,10 +702,18 @@ func (e *Engine) finish(seq *sequence, ev Event, reason FinishReason, err error)
 	if seq.textPending {
 		// The previous token's event first (its text was left for the
 		// next step, overlap.go).
-		if fev, ferr := e.flushText(seq); ferr != nil {
+		switch fev, stopped, ferr := e.flushText(seq); {
+		case ferr != nil:
 			if reason != FinishError {
 				ev, reason, err = fev, FinishError, ferr
 			}
+		case stopped:
+			// Its text completed a stop string: the request ended there,
+			// and what came after (a later token, a cancel) is dropped.
+			if ev.HasToken {
+				seq.tokens = seq.tokens[:len(seq.tokens)-1]
+			}
+			ev, reason, err = fev, FinishStop, nil
 		}
 	}
 	if !seq.started {

@@ -5,39 +5,48 @@ package engine
 // and after it) — through the Rust tokenizer ~2-4 µs each — so at 64 running
 // sequences ~0.5 ms of the step loop's time between two backend steps went
 // to text the next step does not depend on (serving 64 streams on an H200:
-// 2% of the throughput, docs/perf.md 2026-11-29 twentieth session). A sequence whose continuation
-// the text cannot change (no stop strings, no constraint, not speculating,
-// not ending at this token) takes its token now and leaves the text for
-// later: its token event waits in pendingEv and is decoded and delivered by
-// a helper goroutine while the next Backend.Step runs (startTextHelper),
-// or, if the loop touches the sequence first (finish), right then
-// (flushText). Events stay in order per stream: a sequence has at most one
-// pending event, and nothing else is emitted for it before that one goes.
+// 2% of the throughput, docs/perf.md 2026-11-29 twentieth session). A
+// sequence without a constraint that does not speculate and does not end at
+// this token takes its token now and leaves the text for later: its token
+// event waits in pendingEv and is decoded and delivered by a helper goroutine
+// while the next Backend.Step runs (startTextHelper), or, if the loop
+// touches the sequence first (finish), right then (flushText). Events stay
+// in order per stream: a sequence has at most one pending event, and nothing
+// else is emitted for it before that one goes. A stop string found in the
+// pending text ends the request at that token, as vLLM's asynchronous
+// scheduling does: the next step has already run it once more, and that
+// token is dropped (never emitted or counted in its usage).
 
 // deferText reports whether the text of seq's sampled token may be decoded
 // after the next step is launched (see the file comment).
 func (e *Engine) deferText(seq *sequence) bool {
-	return !e.cfg.TextBetweenSteps && seq.text != nil && len(seq.text.stops) == 0 && seq.constraint == nil && !seq.speculate &&
-		!seq.textPending
+	return !e.cfg.TextBetweenSteps && seq.text != nil && seq.constraint == nil && !seq.speculate && !seq.textPending
 }
 
 // flushText decodes and emits seq's pending token event now (the step loop's
-// goroutine, no helper running). A detokenizer error is returned with the
-// event (its text empty), for the caller to finish the request with.
-func (e *Engine) flushText(seq *sequence) (Event, error) {
-	ev := seq.pendingEv
+// goroutine, no helper running). If its text completes a stop string the
+// event is returned instead (with the text before it and StopString), for
+// the caller to end the request with; a detokenizer error likewise (the
+// event's text empty).
+func (e *Engine) flushText(seq *sequence) (ev Event, stopped bool, err error) {
+	ev = seq.pendingEv
 	seq.textPending, seq.pendingEv = false, Event{}
-	text, _, err := seq.text.push(ev.Token)
+	text, stop, err := seq.text.push(ev.Token)
 	if err != nil {
-		return ev, err
+		return ev, false, err
 	}
 	ev.Text = text
+	if stop != "" {
+		ev.StopString = stop
+		return ev, true, nil
+	}
 	e.emit(seq, ev)
-	return Event{}, nil
+	return Event{}, false, nil
 }
 
-// textFailure is a pending event whose text the helper could not decode.
-type textFailure struct {
+// textEnd is a pending event that ends its request: its text completed a
+// stop string (err nil) or could not be decoded.
+type textEnd struct {
 	seq *sequence
 	ev  Event
 	err error
@@ -45,7 +54,7 @@ type textFailure struct {
 
 // startTextHelper decodes the pending token events (e.deferred) on another
 // goroutine and pushes each to its stream; the returned join waits for it
-// and finishes the requests whose text failed. Between the two the step loop
+// and finishes the requests whose text completed a stop string or failed. Between the two the step loop
 // must touch no pending sequence's text or stream: it only runs the backend
 // step (callStep), which reads the batch.
 func (e *Engine) startTextHelper() (join func()) {
@@ -55,7 +64,7 @@ func (e *Engine) startTextHelper() (join func()) {
 	}
 	e.deferred = e.deferredSpare[:0]
 	e.deferredSpare = nil
-	var failed []textFailure
+	var ends []textEnd
 	decoded := 0
 	done := make(chan struct{})
 	go func() {
@@ -66,21 +75,33 @@ func (e *Engine) startTextHelper() (join func()) {
 			}
 			ev := seq.pendingEv
 			seq.textPending, seq.pendingEv = false, Event{}
-			text, _, err := seq.text.push(ev.Token)
+			text, stop, err := seq.text.push(ev.Token)
 			if err != nil {
-				failed = append(failed, textFailure{seq, ev, err})
+				ends = append(ends, textEnd{seq, ev, err})
 				continue
 			}
-			ev.Text = text
-			seq.stream.q.push([]Event{ev})
 			decoded++
+			ev.Text = text
+			if stop != "" {
+				ev.StopString = stop
+				ends = append(ends, textEnd{seq, ev, nil})
+				continue
+			}
+			seq.stream.q.push([]Event{ev})
 		}
 	}()
 	return func() {
 		<-done
-		for _, f := range failed {
-			if f.seq.state != seqFinished {
-				e.finish(f.seq, f.ev, FinishError, f.err)
+		// The step just run computed these sequences once more; finished
+		// now, their results of it are skipped.
+		for _, end := range ends {
+			if end.seq.state == seqFinished {
+				continue
+			}
+			if end.err != nil {
+				e.finish(end.seq, end.ev, FinishError, end.err)
+			} else {
+				e.finish(end.seq, end.ev, FinishStop, nil)
 			}
 		}
 		e.stats.TextOverlapped += uint64(decoded)

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -126,8 +127,8 @@ func TestTextDecodedWhileNextStepRuns(t *testing.T) {
 }
 
 // A request cancelled while its last token's text is pending still gets that
-// token's text before its final event; a request with stop strings decodes
-// before the next step (its text decides whether it goes on).
+// token's text before its final event; a request with stop strings stops
+// where its text says.
 func TestPendingTextBeforeCancelAndStopStrings(t *testing.T) {
 	inStep := &atomic.Bool{}
 	d := &stepAwareDetok{m: detokPieces(), inStep: inStep}
@@ -218,5 +219,71 @@ func TestTextBetweenStepsOption(t *testing.T) {
 	waitIdle(t, e)
 	if st := e.Stats(); st.TextOverlapped != 0 || d.during.Load() != 0 {
 		t.Fatalf("TextOverlapped %d, decodes during steps %d: want none", st.TextOverlapped, d.during.Load())
+	}
+}
+
+// Stop strings with the text decoded during the next step: the request ends
+// at the token that completed the stop string — found by the helper while
+// the next step runs (that step's token for it is dropped), or by finish
+// when a cancel arrives first — with exactly the completion it gets when
+// the text is decoded between steps.
+func TestPendingTextStopStringsMatchBetweenSteps(t *testing.T) {
+	detok := mapDetok{1: "Hel", 2: "lo", 3: " wor", 4: "ld", 5: "!", 6: "x"}
+	cases := []struct {
+		name     string
+		out      []int32
+		stops    []string
+		cancelAt int // the fake's step number in which the request is cancelled (0: none)
+		max      int
+		extra    int // steps the request runs beyond the between-steps run
+	}{
+		// The stop string completes with the third token (step 3); the
+		// helper finds it during step 4, whose token is dropped.
+		{"found while the next step runs", []int32{1, 2, 3, 4, 5, 5, 5}, []string{"o wo"}, 0, 0, 1},
+		// Cancelled during step 3: the loop's finish decodes the pending
+		// third token first and finds the stop string.
+		{"found by finish before a cancel", []int32{1, 2, 3, 4, 5, 5, 5}, []string{"o wo"}, 3, 0, 0},
+		{"held text released at the length limit", []int32{1, 2, 3, 6, 6}, []string{"worlx", "lo!"}, 0, 5, 0},
+		{"two stop strings, the earliest wins", []int32{1, 2, 3, 4, 5, 6}, []string{"ld!", "lo w"}, 0, 0, 1},
+	}
+	run := func(t *testing.T, between bool, out []int32, stops []string, cancelAt, max int) (Completion, int) {
+		f := newFake(4, 64)
+		f.next = func(s *StepSeq) int32 {
+			if s.SampleIndex < len(out) {
+				return out[s.SampleIndex]
+			}
+			return 6
+		}
+		var victim atomic.Pointer[Stream]
+		f.block = func(ctx context.Context, step int, b *StepBatch) error {
+			if step == cancelAt {
+				victim.Load().Cancel()
+			}
+			return nil
+		}
+		e := newEngine(t, f, Config{Detokenizer: detok, TextBetweenSteps: between})
+		s := mustSubmit(t, e, &Request{PromptTokens: []int32{1}, StopStrings: stops, MaxTokens: max})
+		victim.Store(s)
+		startEngine(t, e, f)
+		c := collect(t, s)
+		waitIdle(t, e)
+		return c, len(f.recorded())
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			want, stepsBetween := run(t, true, tc.out, tc.stops, tc.cancelAt, tc.max)
+			got, stepsOverlap := run(t, false, tc.out, tc.stops, tc.cancelAt, tc.max)
+			if fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("text during the next step:\n  %+v\nbetween steps:\n  %+v", got, want)
+			}
+			if got.Usage.CompletionTokens != len(got.Tokens) {
+				t.Fatalf("usage counts %d completion tokens, the stream had %d", got.Usage.CompletionTokens, len(got.Tokens))
+			}
+			if stepsOverlap != stepsBetween+tc.extra {
+				t.Fatalf("%d steps, want %d (between steps: %d)", stepsOverlap, stepsBetween+tc.extra, stepsBetween)
+			}
+			t.Logf("%s: finish %q stop %q after %d tokens; %d steps (between steps: %d)",
+				tc.name, got.Finish, got.StopString, len(got.Tokens), stepsOverlap, stepsBetween)
+		})
 	}
 }
