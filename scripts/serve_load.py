@@ -5,7 +5,8 @@ token-id prompts, for synthetic rank models whose vocabulary (a rank's share,
 --url` makes its prompts from words through /tokenize, whose ids fall outside
 it. Each of --concurrency workers sends --requests-each /v1/completions
 requests in turn (prompt: --input-len random ids below --vocab, max_tokens =
-min_tokens = --output-len, ignore_eos, stream) and counts the streamed
+min_tokens = --output-len, ignore_eos, stream, and with --stop S the stop
+string S, which random text practically never contains) and counts the streamed
 tokens; prints output tokens/s over the measured window and the p50 / p90
 gap between a request's streamed tokens (TPOT as a client sees it).
 
@@ -19,9 +20,12 @@ import time
 import urllib.request
 
 
-def one(url, model, ids, out_len, gaps, lock):
-    body = json.dumps({"model": model, "prompt": ids, "max_tokens": out_len, "min_tokens": out_len,
-                       "ignore_eos": True, "stream": True, "temperature": 0}).encode()
+def one(url, model, ids, out_len, gaps, lock, stop=None):
+    req_body = {"model": model, "prompt": ids, "max_tokens": out_len, "min_tokens": out_len,
+                "ignore_eos": True, "stream": True, "temperature": 0}
+    if stop:
+        req_body["stop"] = [stop]
+    body = json.dumps(req_body).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
     n, last, mine = 0, None, []
     with urllib.request.urlopen(req, timeout=600) as resp:
@@ -49,6 +53,7 @@ def main():
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=18944)
+    ap.add_argument("--stop", default="", help="a stop string every request carries")
     a = ap.parse_args()
     model = json.load(urllib.request.urlopen(a.url + "/v1/models"))["data"][0]["id"]
     rng = random.Random(0)
@@ -62,7 +67,7 @@ def main():
 
     def worker(i):
         for j in range(a.requests_each):
-            counts[i] += one(a.url, model, prompts[a.concurrency * (j + 1) + i], a.output_len, gaps, lock)
+            counts[i] += one(a.url, model, prompts[a.concurrency * (j + 1) + i], a.output_len, gaps, lock, a.stop)
 
     t0 = time.perf_counter()
     ws = [threading.Thread(target=worker, args=(i,)) for i in range(a.concurrency)]
@@ -71,7 +76,7 @@ def main():
     dt = time.perf_counter() - t0
     gaps.sort()
     q = lambda p: 1e3 * gaps[min(len(gaps) - 1, int(p * len(gaps)))] if gaps else float("nan")
-    print(f"concurrency {a.concurrency}: {sum(counts)} tokens in {dt:.2f} s = {sum(counts) / dt:.0f} out tok/s; "
+    print(f"concurrency {a.concurrency}{' (stop string)' if a.stop else ''}: {sum(counts)} tokens in {dt:.2f} s = {sum(counts) / dt:.0f} out tok/s; "
           f"token gap p50 {q(0.5):.2f} ms p90 {q(0.9):.2f} ms")
 
 
