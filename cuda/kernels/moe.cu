@@ -1278,16 +1278,23 @@ constexpr int kRlWarps = kRlThreads / 32;
 
 // A CTA's logits: the warps' partials (after a barrier) summed in warp order
 // (deterministic), rows past T not stored.
-template <int WARPS, int ROWS, int EM>
+// finish(row, sum) is what is stored (rmsnorm_router_logits: the row's 1/rms
+// times the sum).
+template <int WARPS, int ROWS, int EM, typename Finish>
 __device__ __forceinline__ void rl_sum_warps(const float (&part)[WARPS][ROWS][EM], int t0, int T, int E,
-                                             float* __restrict__ logits) {
+                                             float* __restrict__ logits, Finish finish) {
   for (int idx = threadIdx.x; idx < ROWS * E; idx += blockDim.x) {
     const int row = idx / E, e = idx - row * E, t = t0 + row;
     float sum = 0.f;
 #pragma unroll
     for (int w = 0; w < WARPS; ++w) sum += part[w][row][e];
-    if (t < T) logits[(int64_t)t * E + e] = sum;
+    if (t < T) logits[(int64_t)t * E + e] = finish(row, sum);
   }
+}
+template <int WARPS, int ROWS, int EM>
+__device__ __forceinline__ void rl_sum_warps(const float (&part)[WARPS][ROWS][EM], int t0, int T, int E,
+                                             float* __restrict__ logits) {
+  rl_sum_warps(part, t0, T, E, logits, [](int, float sum) { return sum; });
 }
 
 template <int EMAX>  // a multiple of 8
@@ -1612,13 +1619,7 @@ __global__ void __launch_bounds__(kRlTcThreads, 1) router_logits_normed_tc_kerne
       }
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < kRlTcRows * E; idx += blockDim.x) {
-      const int row = idx / E, e = idx - row * E, t = t0 + row;
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kRlTcWarps; ++w) sum += part[w][row][e];
-      if (t < T) logits[(int64_t)t * E + e] = s_r[row] * sum;
-    }
+    rl_sum_warps(part, t0, T, E, logits, [&](int row, float sum) { return s_r[row] * sum; });
     // The FP8 rows: y = w * (h * r) (add_rmsnorm's operations), this warp's
     // chunks again (from L2), four chunks' rows requested before their codes.
     float rq[2], inv[2];

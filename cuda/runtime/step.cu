@@ -1847,20 +1847,23 @@ void step_bytes(const Engine& e, const Meta& m, const int* active, int64_t* out)
     // One launch (moe_one_launch): the same weights, no intermediate rows
     // through memory; one of the two norms above is its own.
     const bool one = moe_one_launch(e, e.ranks[0], l, m);
+    // The post-attention norm's bytes as counted above, for the forms that
+    // fold it into another launch.
+    const int64_t norm_bytes = T * H * (4 + 4 + 4 + act_q) + H * 4 + T * H * 4;
     if (one) {
-      out[GLMRT_PROF_NORM] -= T * H * (4 + 4 + 4 + act_q) + H * 4 + T * H * 4;
+      out[GLMRT_PROF_NORM] -= norm_bytes;
       out[GLMRT_PROF_MOE_LAYER] += (int64_t)d.E * H * 4 + groups * 3 * (int64_t)d.MI * H + 4 * T * H * 4 +
                                    T * H * act_q + 2 * H * 4;
       continue;
     }
     if (norm_router_one_launch(e, m, (int)T)) {
       // The post-attention norm inside the router's launch, no FP32 rows.
-      out[GLMRT_PROF_NORM] -= T * H * (4 + 4 + 4 + act_q) + H * 4 + T * H * 4;
+      out[GLMRT_PROF_NORM] -= norm_bytes;
       out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * (4 + 4 + 4 + act_q) + H * 4;
     } else if (norm_logits_one_launch(e, m)) {
       // The post-attention norm and the logits in one launch: h read once
       // (its second pass from L2), the FP8 rows and the logits out.
-      out[GLMRT_PROF_NORM] -= T * H * (4 + 4 + 4 + act_q) + H * 4 + T * H * 4;
+      out[GLMRT_PROF_NORM] -= norm_bytes;
       out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * (4 + act_q) + H * 4 + T * d.E * 4;
     } else {
       out[GLMRT_PROF_ROUTER] += (int64_t)d.E * H * 4 + T * H * 4;
