@@ -1307,7 +1307,9 @@ int mlp_block(Engine& e, Rank& r, int l, const Meta& m) {
     KCHECK(profile_count_active(r.offsets, r.groups, r.prof_active, l, r.stream),
            "layer %d: profile count", l);
   PROF(GLMRT_PROF_ROUTER);
-  if (shared_dense) {
+  // (With tensor parallelism only GPU 0 holds the shared expert: the other
+  // ranks' combines add nothing, their sh_out being null.)
+  if (shared_dense && r.shared_local >= 0) {
     const size_t MI = d.MI, H = d.H, sg = r.shared_local;
     const float* gu_scale = L.e_gu_scale + sg * 2 * MI;
     bool gu_raw = false;  // as the dense MLP's above
