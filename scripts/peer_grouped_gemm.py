@@ -10,6 +10,10 @@ scale_b [1, N] FP32, as gemm_fp8_grouped_tc's x_scale / w_scale):
               up to a multiple of 16, which cuBLASLt's row-wise FP8 GEMM needs), the 20 calls
               captured in a CUDA graph (no Python launch gaps), the experts' weights
               rotating over copies (>= 200 MB in all, so L2 never holds them);
+  grouped     torch._scaled_grouped_mm: the same rows in one launch ([M, K] x [E, K, N]
+              with offs, row-wise scales; PyTorch's CUTLASS/FBGEMM grouped FP8 GEMM on
+              sm_90, BF16 out, fast accumulation as gemm_fp8_grouped_tc's default tile),
+              the experts' weights rotating as per-expert; "-" where this PyTorch lacks it;
   dense       one _scaled_mm of [M, K] x [K, N] (one weight matrix: the upper bound a
               grouped kernel could reach with every row in one group; at decode sizes
               the shared expert's dense GEMM), the 20 experts' matrices in turn in a
@@ -22,7 +26,7 @@ Timed with CUDA events, median of N graph replays. FLOPs 2 * M * N * K (as group
 counts them). Output dtype FP32 when _scaled_mm takes it with row-wise scales, else BF16
 (printed). One line per shape, joinable with grouped_check's table on (gemm, M):
 
-    gemm  M  per_expert_ms  TFLOP/s  dense_ms  TFLOP/s  out
+    gemm  M  per_expert_ms  TFLOP/s  grouped_ms  TFLOP/s  dense_ms  TFLOP/s  out
 
     python3 scripts/peer_grouped_gemm.py [--reps N] [--ms M,M,...] [--shapes a,b,...] [--json OUT]
 """
@@ -96,7 +100,8 @@ def main():
     torch.manual_seed(0)
     out_dtype = pick_out_dtype(dev)
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, out {out_dtype}")
-    print(f"{'gemm':8s} {'M':>6s} | {'expert ms':>9s} {'TFLOP/s':>8s} | {'dense ms':>9s} {'TFLOP/s':>8s}")
+    print(f"{'gemm':8s} {'M':>6s} | {'expert ms':>9s} {'TFLOP/s':>8s} | {'grouped ms':>10s} {'TFLOP/s':>8s} | "
+          f"{'dense ms':>9s} {'TFLOP/s':>8s}")
     rows = []
     x_all = rand_fp8((max(ms) + 16 * E, max(k for _, _, k in shapes)), dev)
     for name, N, K in shapes:
@@ -136,6 +141,37 @@ def main():
             pe_ms = median_ms(g.replay, args.reps) / copies
             del g
 
+            # One _scaled_grouped_mm over the experts' rows (unpadded offsets;
+            # padded ones where this PyTorch wants them aligned).
+            gs = torch.full((E, N), 1 / 448, device=dev)
+            gr_ms = None
+            for aligned in (False, True):
+                ends = offs[1:] if aligned else list(torch.tensor(counts).cumsum(0).tolist())
+                rows_g = ends[-1]
+                goffs = torch.tensor(ends, device=dev, dtype=torch.int32)
+                Xg, xg = X[:rows_g], xs[:rows_g, 0].contiguous()
+
+                def grouped(cp):
+                    torch._scaled_grouped_mm(Xg, W[cp].transpose(-2, -1), xg, gs, offs=goffs,
+                                             out_dtype=torch.bfloat16, use_fast_accum=True)
+                try:
+                    s = torch.cuda.Stream()
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        for cp in range(copies):
+                            grouped(cp)
+                    torch.cuda.current_stream().wait_stream(s)
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g):
+                        for cp in range(copies):
+                            grouped(cp)
+                    gr_ms = median_ms(g.replay, args.reps) / copies
+                    del g
+                    break
+                except (RuntimeError, AttributeError) as e:
+                    if aligned:
+                        print(f"  (_scaled_grouped_mm: {str(e).splitlines()[0][:120]})")
+
             def dense():
                 for e in range(E):
                     torch._scaled_mm(X[:M], W[0][e].t(), scale_a=xs[:M], scale_b=ws, out_dtype=out_dtype)
@@ -152,9 +188,11 @@ def main():
             del g
             flop = 2.0 * M * N * K
             r = {"gemm": name, "M": M, "per_expert_ms": pe_ms, "per_expert_tflops": flop / pe_ms / 1e9,
+                 "grouped_ms": gr_ms, "grouped_tflops": flop / gr_ms / 1e9 if gr_ms else None,
                  "dense_ms": dense_ms, "dense_tflops": flop / dense_ms / 1e9, "out": str(out_dtype)}
             rows.append(r)
-            print(f"{name:8s} {M:6d} | {pe_ms:9.4f} {r['per_expert_tflops']:8.1f} | {dense_ms:9.4f} "
+            gcol = f"{gr_ms:10.4f} {r['grouped_tflops']:8.1f}" if gr_ms else f"{'-':>10s} {'-':>8s}"
+            print(f"{name:8s} {M:6d} | {pe_ms:9.4f} {r['per_expert_tflops']:8.1f} | {gcol} | {dense_ms:9.4f} "
                   f"{r['dense_tflops']:8.1f}", flush=True)
         del W
         torch.cuda.empty_cache()

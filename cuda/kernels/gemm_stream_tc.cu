@@ -469,7 +469,7 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   if (a.Xf || a.ksplit != 1 || a.K <= 0 || a.K % kSwBK != 0 || a.N < 0 || a.M < 0 || a.groups <= 0 ||
       a.prefetch_group < -1 || a.prefetch_group >= a.groups ||
       (!a.group_offsets && a.groups != 1) || a.max_active_groups < 0 || a.typical_rows_per_group < 0 ||
-      tu.splits < 0 || tu.splits > 64 || tu.split_stride < 0 ||
+      tu.splits < 0 || tu.splits > 64 || tu.split_stride < 0 || tu.max_ctas < 0 ||
       (tu.split_stride > 0 && (tu.splits < 1 || tu.splits > a.K / kSwBK || tu.split_stride < (int64_t)a.M * a.ldy)) ||
       (tu.token_tile != 0 && tu.token_tile != 16 && tu.token_tile != 32 && tu.token_tile != 64 &&
        tu.token_tile != 128))
@@ -483,7 +483,7 @@ cudaError_t gemm_fp8_stream_tc(const StreamGemmArgs& a, const StreamTcWorkspace&
   const cudaError_t e = device_info(dev, di);
   if (e != cudaSuccess) return e;
   if (di.major != 9) return cudaErrorNotSupported;  // wgmma: sm_90 only
-  const int sms = di.sms;
+  const int sms = tu.max_ctas > 0 ? std::min(tu.max_ctas, di.sms) : di.sms;
   const int nt = tu.token_tile > 0 ? tu.token_tile : gemm_fp8_stream_tc_token_tile(a);
   switch (nt) {
     case 16: return launch_stream_tc<SwapConfig<16>>(a, ws, tu.splits, tu.split_stride, sms, st);

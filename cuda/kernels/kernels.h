@@ -590,6 +590,9 @@ struct StreamTcTuning {
   // sums the slices in split order (add_rmsnorm's delta_splits, the rope
   // kernel's qkv_splits): no workspace, counter or fence between the splits.
   int64_t split_stride = 0;
+  // > 0: at most this many CTAs (else one per SM), so that a launch on another
+  // stream (the shared expert's, beside the routed experts') finds SMs free.
+  int max_ctas = 0;
 };
 bool gemm_fp8_stream_tc_supported(int N, int K);
 // The token tile the launch would choose (StreamTcTuning::token_tile 0).

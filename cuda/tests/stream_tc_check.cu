@@ -2,7 +2,7 @@
 // the tensor-core weight-streaming FP8 GEMM for decode-sized batches.
 //
 //   stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts]
-//                   [--experts-profile] [--dense-splits]
+//                   [--experts-side] [--experts-profile] [--dense-splits]
 //
 // Correctness (sm_90 only; elsewhere every launch must return
 // cudaErrorNotSupported): random FP8 inputs (any finite E4M3 code), a float64
@@ -256,6 +256,18 @@ static void check_case(const Case& c) {
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
         CK(cudaStreamDestroy(s));
+        // At most 1 or 7 CTAs (StreamTcTuning::max_ctas: the routed experts
+        // beside the shared expert's stream): the same units, the same bits.
+        for (int cap : {1, 7}) {
+          StreamTcTuning tc = tu;
+          tc.max_ctas = cap;
+          dY.poison();
+          CK(gemm_fp8_stream_tc(a, big.view(), tc, nullptr));
+          CK(cudaDeviceSynchronize());
+          const std::vector<float> y6 = dY.down();
+          report("stream_tc max_ctas", fmt("%s at most %d CTAs, bit for bit", c.name.c_str(), cap),
+                 memcmp(y.data(), y6.data(), y.size() * sizeof(float)) == 0 ? 0 : 1, 0);
+        }
         // A workspace with room for no partials: one CTA per unit, same math.
         Workspace none(0, 0);
         StreamTcTuning t8 = tu;
@@ -422,6 +434,9 @@ static void check_invalid() {
   t = {};
   t.splits = -1;
   expect_invalid("splits -1", a, t);
+  t = {};
+  t.max_ctas = -1;
+  expect_invalid("max_ctas -1", a, t);
   b = a;
   b.groups = 2;
   expect_invalid("groups 2 without offsets", b, {});
@@ -828,6 +843,145 @@ static void bench_experts(bool profile = false) {
   }
 }
 
+// --experts-side: the MoE layer's expert GEMMs (gate|up, SiLU, down) as the
+// runtime runs them at T decode rows ("base": the shared expert a group of
+// the routed GEMMs up to 128 rows, past that a dense MLP on cuBLASLt after
+// them), against the shared expert as a dense MLP on a second stream beside
+// the routed experts, confined to k CTAs while the routed launches take the
+// other SMs (StreamTcTuning::max_ctas), forked and joined in the CUDA graph;
+// "serial": the same launches on one stream, every launch on every SM.
+// Weights rotated over two copies (~1 GB), us per layer (20 per graph).
+static void bench_experts_side() {
+  const double kHbm = hbm_peak();
+  const int H = 5120, I = 1536, E = 20, TMAX = 256, MMAX = 2 * TMAX;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  Dev<uint8_t> X((size_t)MMAX * H), Xd_m((size_t)MMAX * I), Xd_s((size_t)TMAX * I);
+  Dev<float> xs(MMAX), xsd_m(MMAX), xsd_s(TMAX);
+  Dev<float> Ygu_m((size_t)MMAX * 2 * I), Ygu_s((size_t)TMAX * 2 * I), Ydn_m((size_t)MMAX * H),
+      Ydn_s((size_t)TMAX * H);
+  fill_fp8_kernel<<<1024, 256>>>(X.p, X.n, rng());
+  CK(cudaGetLastError());
+  xs.up(std::vector<float>(xs.n, 1.f / 448));
+  const int copies = 2;
+  const size_t gub = (size_t)(E + 1) * 2 * I * H, dnb = (size_t)(E + 1) * H * I;
+  Dev<uint8_t> Wgu(gub * copies), Wdn(dnb * copies);
+  Dev<float> sgu((size_t)(E + 1) * 2 * I * copies), sdn((size_t)(E + 1) * H * copies);
+  fill_fp8_kernel<<<1024, 256>>>(Wgu.p, Wgu.n, rng());
+  fill_fp8_kernel<<<1024, 256>>>(Wdn.p, Wdn.n, rng());
+  CK(cudaGetLastError());
+  sgu.up(std::vector<float>(sgu.n, 1.f / 448));
+  sdn.up(std::vector<float>(sdn.n, 1.f / 448));
+  LtGemm lt;
+  if (cublasLtCreate(&lt.handle) != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "cublasLtCreate failed\n");
+    exit(1);
+  }
+  lt.workspace_bytes = 32u << 20;
+  CK(cudaMalloc(&lt.workspace, lt.workspace_bytes));
+  cudaStream_t side;
+  CK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork, join;
+  CK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  auto graph_us = [&](auto launch) { return 1e3 * graph_replay_ms(launch, 20, 20, 3, 3) / 20; };
+  printf("\nexperts + shared expert beside them: us per layer (gate|up, SiLU, down; 20 per CUDA graph), %d SMs, "
+         "%% of %.2f TB/s on the weights of the groups hit\n", sms, kHbm / 1e12);
+  for (int T : {16, 32, 64, 96, 128, 192, 256}) {
+    const RoutedRows rt = route_rows(T, E, true);
+    Dev<int> doff(rt.off), drows(rt.rows);
+    const bool grouped_sh = T <= 128;  // the runtime's shared group (step.cu kSharedGroupedMaxRows)
+    const int gu_tile = T <= 16 ? 16 : T <= 64 ? 32 : 64, dn_tile = T > 32 && T <= 64 ? 16 : gu_tile;
+    const double gb = (double)rt.hit * 3 * I * H;  // routed hit + shared
+    // The routed (and, grouped_sh, shared) GEMMs: G groups, M rows.
+    auto routed = [&](int cp, cudaStream_t s, bool with_sh, int max_ctas) {
+      const int G = E + (with_sh ? 1 : 0), M = rt.off[G];
+      StreamGemmArgs g = grouped_args(X.p, xs.p, drows.p, doff.p, G, M, 2 * I, H, Ygu_m.p);
+      g.W = Wgu.p + (size_t)cp * gub;
+      g.w_scale = sgu.p + (size_t)cp * (E + 1) * 2 * I;
+      g.max_rows_per_group = T;
+      g.max_active_groups = std::min(E, T) + (with_sh ? 1 : 0);
+      g.typical_rows_per_group = (T + E - 1) / E;
+      StreamTcTuning tu;
+      tu.token_tile = with_sh ? gu_tile : 0;
+      tu.max_ctas = max_ctas;
+      CK(gemm_fp8_stream_tc(g, StreamTcWorkspace{}, tu, s));
+      CK(silu_mul_quant_fp8(Ygu_m.p, M, I, Xd_m.p, xsd_m.p, nullptr, s));
+      StreamGemmArgs d = grouped_args(Xd_m.p, xsd_m.p, drows.p, doff.p, G, M, H, I, Ydn_m.p);
+      d.W = Wdn.p + (size_t)cp * dnb;
+      d.w_scale = sdn.p + (size_t)cp * (E + 1) * H;
+      d.max_rows_per_group = T;
+      d.max_active_groups = g.max_active_groups;
+      d.typical_rows_per_group = g.typical_rows_per_group;
+      tu.token_tile = with_sh ? dn_tile : 16;
+      CK(gemm_fp8_stream_tc(d, StreamTcWorkspace{}, tu, s));
+    };
+    // The shared expert alone as a dense MLP: tile 0 = cuBLASLt, else the
+    // streaming kernel's tile on at most max_ctas CTAs.
+    auto shared = [&](int cp, cudaStream_t s, int tile, int max_ctas) {
+      const uint8_t* wg = Wgu.p + (size_t)cp * gub + (size_t)E * 2 * I * H;
+      const float* sg = sgu.p + (size_t)cp * (E + 1) * 2 * I + (size_t)E * 2 * I;
+      const uint8_t* wd = Wdn.p + (size_t)cp * dnb + (size_t)E * H * I;
+      const float* sd = sdn.p + (size_t)cp * (E + 1) * H + (size_t)E * H;
+      if (tile == 0) {
+        bool un = false;
+        CKS(lt_gemm_fp8_scaled(lt, wg, X.p, Ygu_s.p, T, 2 * I, H, xs.p, sg, nullptr, &un, s));
+        if (un) { fprintf(stderr, "lt scaled unsupported\n"); exit(1); }
+        CK(silu_mul_quant_fp8(Ygu_s.p, T, I, Xd_s.p, xsd_s.p, nullptr, s));
+        CKS(lt_gemm_fp8_scaled(lt, wd, Xd_s.p, Ydn_s.p, T, H, I, xsd_s.p, sd, nullptr, &un, s));
+        return;
+      }
+      StreamGemmArgs g = grouped_args(X.p, xs.p, nullptr, nullptr, 1, T, 2 * I, H, Ygu_s.p);
+      g.W = wg;
+      g.w_scale = sg;
+      StreamTcTuning tu;
+      tu.token_tile = tile;
+      tu.max_ctas = max_ctas;
+      CK(gemm_fp8_stream_tc(g, StreamTcWorkspace{}, tu, s));
+      CK(silu_mul_quant_fp8(Ygu_s.p, T, I, Xd_s.p, xsd_s.p, nullptr, s));
+      StreamGemmArgs d = grouped_args(Xd_s.p, xsd_s.p, nullptr, nullptr, 1, T, H, I, Ydn_s.p);
+      d.W = wd;
+      d.w_scale = sd;
+      CK(gemm_fp8_stream_tc(d, StreamTcWorkspace{}, tu, s));
+    };
+    auto pct = [&](float us) { return 100 * gb / (us * 1e-6) / kHbm; };
+    const float base = graph_us([&](int i, cudaStream_t s) {
+      routed(i % copies, s, grouped_sh, 0);
+      if (!grouped_sh) shared(i % copies, s, 0, 0);
+    });
+    printf("T %3d hit %2d | base (%s) %7.2f (%3.0f%%)", T, rt.hit, grouped_sh ? "shared group" : "shared on cuBLASLt after",
+           base, pct(base));
+    const int stile = T <= 16 ? 16 : T <= 32 ? 32 : T <= 64 ? 64 : 128;
+    const float ser = graph_us([&](int i, cudaStream_t s) {
+      routed(i % copies, s, false, 0);
+      shared(i % copies, s, stile, 0);
+    });
+    printf(" | serial, tile %d %7.2f", stile, ser);
+    for (int tile : {stile, 0}) {
+      if (tile == 0 && T < 128) continue;
+      printf(" | side%s:", tile ? "" : " cuBLASLt");
+      for (int k : {4, 8, 12, 16, 24, 32}) {
+        const float us = graph_us([&](int i, cudaStream_t s) {
+          CK(cudaEventRecord(fork, s));
+          CK(cudaStreamWaitEvent(side, fork, 0));
+          shared(i % copies, side, tile, k);
+          routed(i % copies, s, false, sms - k);
+          CK(cudaEventRecord(join, side));
+          CK(cudaStreamWaitEvent(s, join, 0));
+        });
+        printf(" k%d %.2f", k, us);
+      }
+    }
+    printf("\n");
+    fflush(stdout);
+  }
+  CK(cudaEventDestroy(fork));
+  CK(cudaEventDestroy(join));
+  CK(cudaStreamDestroy(side));
+  cublasLtDestroy(lt.handle);
+  CK(cudaFree(lt.workspace));
+}
+
 // --lt-sweep: the dense decode linears on cuBLASLt (the runtime's path past the
 // streaming kernels' rows) and the prefill's (512-2,048 rows: q|k|v, o_proj
 // adding into h): the heuristic's first algorithm against the fastest of its
@@ -901,12 +1055,15 @@ int main(int argc, char** argv) {
       return 0;
     } else if (!strcmp(argv[i], "--dense-splits")) {
       do_dense_splits = only_bench = true;
+    } else if (!strcmp(argv[i], "--experts-side")) {
+      bench_experts_side();
+      return 0;
     } else if (!strcmp(argv[i], "--experts-profile")) {
       bench_experts(true);
       return 0;
     }
     else {
-      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts] [--experts-profile] [--dense-splits]\n");
+      fprintf(stderr, "usage: stream_tc_check [--seed N] [--bench] [--bench-only] [--sweep] [--lt-sweep] [--experts] [--experts-side] [--experts-profile] [--dense-splits]\n");
       return 2;
     }
   }
