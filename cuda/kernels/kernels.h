@@ -591,7 +591,8 @@ struct StreamTcTuning {
   // kernel's qkv_splits): no workspace, counter or fence between the splits.
   int64_t split_stride = 0;
   // > 0: at most this many CTAs (else one per SM), so that a launch on another
-  // stream (the shared expert's, beside the routed experts') finds SMs free.
+  // stream finds SMs free (stream_tc_check --experts-side: the shared expert
+  // beside the routed experts; docs/perf.md 2026-11-30).
   int max_ctas = 0;
 };
 bool gemm_fp8_stream_tc_supported(int N, int K);

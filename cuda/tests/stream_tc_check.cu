@@ -256,8 +256,8 @@ static void check_case(const Case& c) {
         CK(cudaGraphExecDestroy(exec));
         CK(cudaGraphDestroy(graph));
         CK(cudaStreamDestroy(s));
-        // At most 1 or 7 CTAs (StreamTcTuning::max_ctas: the routed experts
-        // beside the shared expert's stream): the same units, the same bits.
+        // At most 1 or 7 CTAs (StreamTcTuning::max_ctas): the same units, the
+        // same bits.
         for (int cap : {1, 7}) {
           StreamTcTuning tc = tu;
           tc.max_ctas = cap;
