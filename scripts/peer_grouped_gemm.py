@@ -62,6 +62,24 @@ def median_ms(fn, reps):
     return statistics.median(ts)
 
 
+def graph_ms(fn, passes, reps):
+    """ms of fn(0) .. fn(passes - 1) captured in one CUDA graph (run once on a side stream
+    first, as capture wants), median over reps replays, per pass."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for p in range(passes):
+            fn(p)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for p in range(passes):
+            fn(p)
+    ms = median_ms(g.replay, reps) / passes
+    del g
+    return ms
+
+
 def pick_out_dtype(dev):
     """FP32 output if _scaled_mm takes it with row-wise scales, else BF16."""
     a = torch.zeros(16, 128, device=dev).to(torch.float8_e4m3fn)
@@ -128,18 +146,7 @@ def main():
                                          out_dtype=out_dtype)
 
             # One graph holding a pass over every copy: replay / copies = one call.
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                for cp in range(copies):
-                    per_expert(cp)
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                for cp in range(copies):
-                    per_expert(cp)
-            pe_ms = median_ms(g.replay, args.reps) / copies
-            del g
+            pe_ms = graph_ms(per_expert, copies, args.reps)
 
             # One _scaled_grouped_mm over the experts' rows (unpadded offsets;
             # padded ones where this PyTorch wants them aligned).
@@ -155,18 +162,7 @@ def main():
                     torch._scaled_grouped_mm(Xg, W[cp].transpose(-2, -1), xg, gs, offs=goffs,
                                              out_dtype=torch.bfloat16, use_fast_accum=True)
                 try:
-                    s = torch.cuda.Stream()
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        for cp in range(copies):
-                            grouped(cp)
-                    torch.cuda.current_stream().wait_stream(s)
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g):
-                        for cp in range(copies):
-                            grouped(cp)
-                    gr_ms = median_ms(g.replay, args.reps) / copies
-                    del g
+                    gr_ms = graph_ms(grouped, copies, args.reps)
                     break
                 except (RuntimeError, AttributeError) as e:
                     if aligned:
@@ -176,16 +172,7 @@ def main():
                 for e in range(E):
                     torch._scaled_mm(X[:M], W[0][e].t(), scale_a=xs[:M], scale_b=ws, out_dtype=out_dtype)
 
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                dense()
-            torch.cuda.current_stream().wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                dense()
-            dense_ms = median_ms(g.replay, args.reps) / E
-            del g
+            dense_ms = graph_ms(lambda _: dense(), 1, args.reps) / E
             flop = 2.0 * M * N * K
             r = {"gemm": name, "M": M, "per_expert_ms": pe_ms, "per_expert_tflops": flop / pe_ms / 1e9,
                  "grouped_ms": gr_ms, "grouped_tflops": flop / gr_ms / 1e9 if gr_ms else None,
