@@ -2,7 +2,8 @@
 # gpu-check-tp.sh — tensor parallelism on a machine with >= TP GPUs (NCCL):
 # validate the CUDA backend at --tp N on every golden file (real FP8 path and
 # --cuda-exact), compare greedy tokens at validation precision with the CPU
-# backend, and bench the tiny model. Needs bin/glmctl carried from the
+# backend, run the two-GPU Go test (TestTensorParallelManyRows, with
+# bin/cuda.test from `make gpu-tests`), and bench the tiny model. Needs bin/glmctl carried from the
 # development machine, like gpu-check.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +26,13 @@ for m in tiny-f32 tiny-bf16g; do
   if res=$(python3 scripts/compare_generations.py "$d/cpu.json" "$d/cuda.json" 2>&1); then summary+=("greedy exact cpu vs cuda tp$TP $m: $res")
   else status=1; summary+=("greedy exact cpu vs cuda tp$TP $m FAIL: $res"); fi
 done
+# The synthetic model's experts split over two GPUs past 128 rows a step (the
+# shared expert on GPU 0 only): bin/cuda.test from `make gpu-tests`, if carried.
+if [[ -x bin/cuda.test ]]; then
+  if out=$(bin/cuda.test -test.run 'TestTensorParallelManyRows' -test.v 2>&1); then
+    summary+=("go test TestTensorParallelManyRows: $(echo "$out" | grep -c 'worst rel L2') batches ok")
+  else status=1; summary+=("go test TestTensorParallelManyRows FAIL"); echo "$out" | tail -12; fi
+fi
 "$G" bench --backend cuda --tp "$TP" --model testdata/models/tiny-f32 --concurrency 1,16,64 --input-len 128 --output-len 64 --markdown 2>/dev/null || { status=1; summary+=("bench tp$TP FAIL"); }
 echo; printf '%s\n' "${summary[@]}"
 exit $status
