@@ -605,7 +605,8 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 		}
 		constraintDone = seq.constraint.Done()
 	}
-	if e.deferText(seq) && !(seq.maxTokens > 0 && len(seq.output()) >= seq.maxTokens) && len(seq.tokens) < seq.maxLen {
+	atLength := (seq.maxTokens > 0 && len(seq.output()) >= seq.maxTokens) || len(seq.tokens) >= seq.maxLen
+	if e.deferText(seq) && !atLength {
 		// Decode the text while the next step runs (overlap.go); a stop
 		// string in it ends the request at this token then.
 		seq.textPending, seq.pendingEv = true, ev
@@ -631,7 +632,7 @@ func (e *Engine) accept(seq *sequence, res *SeqResult) {
 		e.finish(seq, ev, FinishStop, nil)
 		return
 	}
-	if (seq.maxTokens > 0 && len(seq.output()) >= seq.maxTokens) || len(seq.tokens) >= seq.maxLen {
+	if atLength {
 		e.finish(seq, ev, FinishLength, nil)
 		return
 	}

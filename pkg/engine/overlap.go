@@ -23,12 +23,10 @@ func (e *Engine) deferText(seq *sequence) bool {
 	return !e.cfg.TextBetweenSteps && seq.text != nil && seq.constraint == nil && !seq.speculate && !seq.textPending
 }
 
-// flushText decodes and emits seq's pending token event now (the step loop's
-// goroutine, no helper running). If its text completes a stop string the
-// event is returned instead (with the text before it and StopString), for
-// the caller to end the request with; a detokenizer error likewise (the
-// event's text empty).
-func (e *Engine) flushText(seq *sequence) (ev Event, stopped bool, err error) {
+// decodePending takes seq's pending token event and decodes its text: the
+// event with its text, or with the text before a stop string it completes
+// and StopString (stopped), or a detokenizer error (the text empty).
+func (seq *sequence) decodePending() (ev Event, stopped bool, err error) {
 	ev = seq.pendingEv
 	seq.textPending, seq.pendingEv = false, Event{}
 	text, stop, err := seq.text.push(ev.Token)
@@ -39,6 +37,18 @@ func (e *Engine) flushText(seq *sequence) (ev Event, stopped bool, err error) {
 	if stop != "" {
 		ev.StopString = stop
 		return ev, true, nil
+	}
+	return ev, false, nil
+}
+
+// flushText decodes and emits seq's pending token event now (the step loop's
+// goroutine, no helper running). If its text completes a stop string the
+// event is returned instead, for the caller to end the request with; a
+// detokenizer error likewise.
+func (e *Engine) flushText(seq *sequence) (ev Event, stopped bool, err error) {
+	ev, stopped, err = seq.decodePending()
+	if err != nil || stopped {
+		return ev, stopped, err
 	}
 	e.emit(seq, ev)
 	return Event{}, false, nil
@@ -73,18 +83,12 @@ func (e *Engine) startTextHelper() (join func()) {
 			if !seq.textPending {
 				continue // finished (and flushed) before the step
 			}
-			ev := seq.pendingEv
-			seq.textPending, seq.pendingEv = false, Event{}
-			text, stop, err := seq.text.push(ev.Token)
-			if err != nil {
-				ends = append(ends, textEnd{seq, ev, err})
-				continue
+			ev, stopped, err := seq.decodePending()
+			if err == nil {
+				decoded++
 			}
-			decoded++
-			ev.Text = text
-			if stop != "" {
-				ev.StopString = stop
-				ends = append(ends, textEnd{seq, ev, nil})
+			if err != nil || stopped {
+				ends = append(ends, textEnd{seq, ev, err})
 				continue
 			}
 			seq.stream.q.push([]Event{ev})
