@@ -235,10 +235,10 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
 
 // ===================================================================== decode
 //
-// attention_decode: one CTA (4 warps) per (sequence, KV head, split). The
-// split's keys [k0, k1) are cut into 16-key tiles (a tile never straddles a
-// page: block_size % 16 == 0 and tiles start at multiples of 16); warp w takes
-// tiles w, w+4, w+8, ... and streams them (K and V, 4 KB each) through its own
+// attention_decode: one CTA (W = 4 or 8 warps) per (sequence, KV head,
+// split). The split's keys [k0, k1) are cut into 16-key tiles (a tile never
+// straddles a page: block_size % 16 == 0 and tiles start at multiples of 16);
+// warp w takes tiles w, w+W, w+2W, ... and streams them (K and V, 4 KB each) through its own
 // S-stage cp.async pipeline in shared memory (no block barrier inside the key
 // loop), with its own online-softmax state. Per tile and warp:
 //   S[16 x 16]  = Q[16 x 128] . K^T    8 k-steps x 2 n-tiles of mma m16n8k16 bf16
@@ -250,7 +250,7 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
 // (ldmatrix), V tiles [key][dim] the row-major one (ldmatrix.trans). Shared
 // copies are XOR-swizzled per 16-byte chunk (chunk c of key row r at c^(r&7)),
 // so cp.async stores and ldmatrix reads are conflict-free.
-// At the end the 4 warps' states are merged in shared memory in a fixed order.
+// At the end the W warps' states are merged in shared memory in a fixed order.
 // One split: the normalised row is written directly. Several: each CTA writes
 // its partial (O unnormalised, m, l) to the workspace and counts itself on a
 // per-(sequence, KV head) counter (cta_arrive_last: one release fence); the
@@ -271,12 +271,13 @@ cudaError_t attention_merge(const AttnMerge* merges, int n_merges, int n_q_heads
 namespace {
 
 constexpr int kDecD = 128;                      // head_dim
-constexpr int kDecWarps = 4;                    // warps per CTA
-constexpr int kDecThreads = kDecWarps * 32;
+// Warps per CTA: W = 4 or 8 (a template parameter of the kernel; launch
+// policy in attention_decode). Each warp streams its own tiles, so with one
+// CTA an SM the warps per SM are the kernel's latency hiding.
+constexpr int kDecMaxWarps = 8;
 constexpr int kDecTile = 16;                    // keys per tile (one warp pipeline stage)
 constexpr int kDecTileBytes = kDecTile * kDecD * 2;   // 4 KB: K or V of one tile
 constexpr int kDecStageBytes = 2 * kDecTileBytes;     // K + V
-constexpr int kDecChunkRound = kDecTile * kDecWarps;  // split lengths are multiples of this
 constexpr int kDecMaxSplits = 256;              // max_splits accepted by attention_decode
 constexpr int kDecPolicyMaxSplits = 128;        // most splits the policy picks
 constexpr int kDecMaxMerge = 32;                // most partials one merge step reads
@@ -325,6 +326,7 @@ struct DecTuning {
   // the device at once), 1 the workspace (counters and the last CTA), 2 a
   // cluster wherever one launches.
   int cluster = 0;
+  int warps = 0;  // warps per CTA: 0 auto (dec_shape), 4 or 8
 };
 DecTuning g_dec_tuning;
 
@@ -342,7 +344,7 @@ struct DecParams {
 };
 
 struct DecShared {
-  float wm[kDecWarps][16], wl[kDecWarps][16], wf[kDecWarps][16];  // per-warp state merge
+  float wm[kDecMaxWarps][16], wl[kDecMaxWarps][16], wf[kDecMaxWarps][16];  // per-warp state merge
   float M[16], L[16], scl[16];
   float2 ml[kDecMaxMerge * 16];   // (m, l) of the partials being merged
   float w[kDecMaxMerge][16];      // their weights exp2(m - M)
@@ -405,6 +407,7 @@ __device__ __forceinline__ bool dec_arrive(int* counter, int expected, DecShared
 // shared memory (stage: cap slots at a time) with cp.async, so the whole read
 // is in flight at once. Reuses the pipeline buffers: the caller has passed a
 // block barrier since their last use.
+template <int NTHR>
 __device__ void dec_merge(const float* __restrict__ po, const float2* __restrict__ pml, int n, int G,
                           const float* stage, uint32_t stage_s, int cap, float4 (&acc)[4],
                           DecShared& sh) {
@@ -413,10 +416,10 @@ __device__ void dec_merge(const float* __restrict__ po, const float2* __restrict
   const char* src = reinterpret_cast<const char*>(po);
   {
     const int cn = min(n, cap);
-    for (int q = tid; q < cn * per; q += kDecThreads) cp_async16_zfill(stage_s + q * 16, src + (size_t)q * 16, 16);
+    for (int q = tid; q < cn * per; q += NTHR) cp_async16_zfill(stage_s + q * 16, src + (size_t)q * 16, 16);
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
-  for (int q = tid; q < n * G; q += kDecThreads) sh.ml[q] = __ldcg(pml + q);
+  for (int q = tid; q < n * G; q += NTHR) sh.ml[q] = __ldcg(pml + q);
   __syncthreads();
   if (tid < G) {
     float M = -INFINITY;
@@ -435,7 +438,7 @@ __device__ void dec_merge(const float* __restrict__ po, const float2* __restrict
   for (int c0 = 0; c0 < n; c0 += cap) {
     const int cn = min(cap, n - c0);
     if (c0 > 0) {
-      for (int q = tid; q < cn * per; q += kDecThreads)
+      for (int q = tid; q < cn * per; q += NTHR)
         cp_async16_zfill(stage_s + q * 16, src + ((size_t)c0 * per + q) * 16, 16);
       asm volatile("cp.async.commit_group;" ::: "memory");
     }
@@ -444,7 +447,7 @@ __device__ void dec_merge(const float* __restrict__ po, const float2* __restrict
     const float4* st4 = reinterpret_cast<const float4*>(stage);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int idx = tid + kDecThreads * k;
+      const int idx = tid + NTHR * k;
       if (idx < per) {
         const int r = idx >> 5;
         float4 a4 = acc[k];
@@ -466,6 +469,7 @@ __device__ void dec_merge(const float* __restrict__ po, const float2* __restrict
 // Writes this CTA's G heads of the output row: y = acc * sh.scl[row head]
 // (out, if set) and, with out_q (n_kv_heads == 1: the CTA has the whole row),
 // the row quantized exactly as quant_rows_fp8 does.
+template <int NTHR>
 __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh,
                                 const float4 (&acc)[4], DecShared& sh) {
   const int tid = threadIdx.x;
@@ -475,7 +479,7 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
   float* outp = a.out ? a.out + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD : nullptr;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int idx = tid + kDecThreads * k;
+    const int idx = tid + NTHR * k;
     y[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (idx < per) {
       const float f = sh.scl[idx >> 5];
@@ -491,7 +495,7 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
     uint32_t* qr = reinterpret_cast<uint32_t*>(a.out_q + (int64_t)row * a.n_q_heads * kDecD);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const int idx = tid + kDecThreads * k;
+      const int idx = tid + NTHR * k;
       if (idx < per) {
         qr[idx] = pack_e4m3x4(y[k], inv);
       }
@@ -509,13 +513,14 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
 // after a second barrier. No global partials, fence or counter; the merge is
 // spread over the cluster instead of one CTA reading every partial. A third
 // barrier keeps every CTA's shared memory alive until the last remote read.
+template <int NTHR>
 __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int kvh, int rank, int CL, int n_act,
                                   const float4 (&acc)[4], DecShared& sh, DecClusterShared& cs) {
   const int tid = threadIdx.x;
   const int per = G * 32;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const int idx = tid + kDecThreads * k;
+    const int idx = tid + NTHR * k;
     if (idx < per) cs.po[idx] = acc[k];
   }
   if (tid < G) cs.ml[tid] = make_float2(sh.M[tid], sh.L[tid]);
@@ -529,8 +534,8 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
   float4 y[2];
   float amax = 0.f;
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {  // span <= 2 * kDecThreads (CL >= 2, per <= 512)
-    const int idx = lo + tid + kDecThreads * q;
+  for (int q = 0; q < 2; ++q) {  // span <= 2 * NTHR (CL >= 2, per <= 512)
+    const int idx = lo + tid + NTHR * q;
     y[q] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (idx < hi) {
       const int r = idx >> 5;
@@ -578,7 +583,7 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
     uint32_t* qr = reinterpret_cast<uint32_t*>(a.out_q + (int64_t)row * a.n_q_heads * kDecD);
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
-      const int idx = lo + tid + kDecThreads * q;
+      const int idx = lo + tid + NTHR * q;
       if (idx < hi) {
         qr[idx] = pack_e4m3x4(y[q], inv);
       }
@@ -656,9 +661,12 @@ __device__ __forceinline__ void dec_f8_tile(uint32_t sb, int lane, int g, int t,
   }
 }
 
-template <int S, bool CLU, bool F8>
-__global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs a, DecParams p) {
+template <int S, int W, bool CLU, bool F8>
+__global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, DecParams p) {
   static_assert(S >= 2 && S <= 4, "pipeline depth");
+  static_assert(W == 4 || W == 8, "warps per CTA");
+  constexpr int kDecWarps = W, kDecThreads = W * 32;
+  constexpr int kDecChunkRound = kDecTile * W;  // split lengths are multiples of this
   // F8: the FP8 cache, in twice the stages (QkRopeArgs::kv_fp8's layout).
   constexpr int NS = F8 ? 2 * S : S;
   constexpr int SB = F8 ? kDecF8StageBytes : kDecStageBytes;
@@ -683,7 +691,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     for (int k = 0; k < 4; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (tid < 16) sh.scl[tid] = 1.f;
     __syncthreads();
-    dec_write_final(a, G, row, kvh, acc, sh);
+    dec_write_final<kDecThreads>(a, G, row, kvh, acc, sh);
     return;
   }
   // The split of the keys (the same in every CTA of the sequence): chunk a
@@ -961,12 +969,12 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     }
   }
   if (n_act == 1) {
-    dec_write_final(a, G, row, kvh, acc, sh);
+    dec_write_final<kDecThreads>(a, G, row, kvh, acc, sh);
     return;
   }
   if constexpr (CLU) {
     __shared__ DecClusterShared cs;
-    dec_cluster_final(a, G, row, kvh, split, a.max_splits, n_act, acc, sh, cs);
+    dec_cluster_final<kDecThreads>(a, G, row, kvh, split, a.max_splits, n_act, acc, sh, cs);
     return;
   }
 
@@ -994,7 +1002,7 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     const int grp = split / R;
     const int gn = min(R, n_act - grp * R);
     if (!dec_arrive(cnt + 1 + grp, gn, sh)) return;
-    dec_merge(p.po + (pair * a.max_splits + grp * R) * G * kDecD, p.pml + (pair * a.max_splits + grp * R) * G,
+    dec_merge<kDecThreads>(p.po + (pair * a.max_splits + grp * R) * G * kDecD, p.pml + (pair * a.max_splits + grp * R) * G,
               gn, G, stage, stage_s, cap, acc, sh);
     float4* dst = reinterpret_cast<float4*>(p.go + ((pair * p.gmax + grp) * G) * kDecD);
 #pragma unroll
@@ -1008,10 +1016,10 @@ __global__ void __launch_bounds__(kDecThreads) decode_attn_kernel(DecodeAttnArgs
     fin_ml = p.gml + (pair * p.gmax) * G;
   }
   if (!dec_arrive(cnt, n_final, sh)) return;
-  dec_merge(fin_o, fin_ml, n_final, G, stage, stage_s, cap, acc, sh);
+  dec_merge<kDecThreads>(fin_o, fin_ml, n_final, G, stage, stage_s, cap, acc, sh);
   if (tid < G) sh.scl[tid] = 1.f / sh.L[tid];
   __syncthreads();
-  dec_write_final(a, G, row, kvh, acc, sh);
+  dec_write_final<kDecThreads>(a, G, row, kvh, acc, sh);
 }
 
 struct DecWsLayout {
@@ -1041,7 +1049,7 @@ DecWsLayout dec_ws_layout(int n_seqs, int G, int n_kv, int max_splits) {
 }
 
 // cudaFuncSetAttribute once per device and kernel instantiation.
-template <int S, bool CLU, bool F8>
+template <int S, int W, bool CLU, bool F8>
 cudaError_t dec_prepare(int smem) {
   static std::atomic<unsigned long long> done{0};
   int dev = 0;
@@ -1049,73 +1057,75 @@ cudaError_t dec_prepare(int smem) {
   if (e != cudaSuccess) return e;
   const unsigned long long bit = dev < 64 ? 1ull << dev : 0;
   if (bit && (done.load(std::memory_order_relaxed) & bit)) return cudaSuccess;
-  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  e = cudaFuncSetAttribute(decode_attn_kernel<S, W, CLU, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (e != cudaSuccess) return e;
-  e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU, F8>, cudaFuncAttributePreferredSharedMemoryCarveout,
+  e = cudaFuncSetAttribute(decode_attn_kernel<S, W, CLU, F8>, cudaFuncAttributePreferredSharedMemoryCarveout,
                            (int)cudaSharedmemCarveoutMaxShared);
   if (e != cudaSuccess) return e;
   if (CLU) {
-    e = cudaFuncSetAttribute(decode_attn_kernel<S, CLU, F8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    e = cudaFuncSetAttribute(decode_attn_kernel<S, W, CLU, F8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
   }
   done.fetch_or(bit, std::memory_order_relaxed);
   return cudaSuccess;
 }
 
-int dec_smem(const DecodeAttnArgs& a, const DeviceInfo& dd, int S) {
-  int smem = kDecWarps * (a.k_cache8 ? 2 * S * kDecF8StageBytes : S * kDecStageBytes);
+int dec_smem(const DecodeAttnArgs& a, const DeviceInfo& dd, int S, int W) {
+  int smem = W * (a.k_cache8 ? 2 * S * kDecF8StageBytes : S * kDecStageBytes);
   // Padded, two CTAs need more than the SM has (static shared memory and the
   // per-CTA reservation only add to that).
   if (a.one_per_sm) smem = std::max(smem, dd.smem_per_sm / 2 + 1024);
   return smem;
 }
 
-// The most dynamic shared memory a launch of any depth asks (4 stages), for
-// the kernel's attribute (padding included where larger).
-template <bool F8>
+// The most dynamic shared memory a launch of any depth asks (4 stages with 4
+// warps, 3 with 8), for the kernel's attribute (padding included where
+// larger).
+template <int W, bool F8>
 constexpr int dec_smem_max() {
-  return kDecWarps * dec_warp_bytes<4, F8>() > kDecWarps * 4 * kDecStageBytes ? kDecWarps * dec_warp_bytes<4, F8>()
-                                                                              : kDecWarps * 4 * kDecStageBytes;
+  return W * dec_warp_bytes<W == 8 ? 3 : 4, F8>() > W * (W == 8 ? 3 : 4) * kDecStageBytes
+             ? W * dec_warp_bytes<W == 8 ? 3 : 4, F8>()
+             : W * (W == 8 ? 3 : 4) * kDecStageBytes;
 }
 
 // Clusters of max_splits CTAs (2, 4, 8 or 16) of the S-stage cluster kernel
 // that the device holds at once (cudaOccupancyMaxActiveClusters: registers,
 // shared memory, GPC sizes); 0 where none launches. Asked once per device,
 // depth, size and shared memory padding.
-template <int S, bool F8>
+template <int S, int W, bool F8>
 int dec_cluster_capacity(const DecodeAttnArgs& a, const DeviceInfo& dd, int dev) {
   const int cl = a.max_splits;
   const int ci = cl == 2 ? 0 : cl == 4 ? 1 : cl == 8 ? 2 : cl == 16 ? 3 : -1;
   if (ci < 0 || dd.major < 9 || dev < 0 || dev >= 64) return 0;
-  static std::atomic<int> cache[64][4][2];  // capacity + 1; 0: not asked yet (per S, F8 instance)
+  static std::atomic<int> cache[64][4][2];  // capacity + 1; 0: not asked yet (per S, W, F8 instance)
   std::atomic<int>& c = cache[dev][ci][a.one_per_sm ? 1 : 0];
   int v = c.load(std::memory_order_relaxed);
   if (v > 0) return v - 1;
-  const int smem = dec_smem(a, dd, S);
+  const int smem = dec_smem(a, dd, S, W);
   int n = 0;
-  if (dec_prepare<S, true, F8>(std::max(smem, dec_smem_max<F8>())) == cudaSuccess) {
+  if (dec_prepare<S, W, true, F8>(std::max(smem, dec_smem_max<W, F8>())) == cudaSuccess) {
     DecodeAttnArgs one = a;
     one.n_seqs = 1;
     one.n_kv_heads = 1;
     one.pdl = 0;
-    const LaunchConfig lc(dim3(one.max_splits, one.n_kv_heads, one.n_seqs), dim3(kDecThreads), smem, nullptr, false, cl);
-    if (cudaOccupancyMaxActiveClusters(&n, decode_attn_kernel<S, true, F8>, &lc.cfg) != cudaSuccess) n = 0;
+    const LaunchConfig lc(dim3(one.max_splits, one.n_kv_heads, one.n_seqs), dim3(W * 32), smem, nullptr, false, cl);
+    if (cudaOccupancyMaxActiveClusters(&n, decode_attn_kernel<S, W, true, F8>, &lc.cfg) != cudaSuccess) n = 0;
   }
   (void)cudaGetLastError();  // a failed query means "no cluster"
   c.store(n + 1, std::memory_order_relaxed);
   return n;
 }
 
-template <int S, bool CLU, bool F8>
+template <int S, int W, bool CLU, bool F8>
 cudaError_t dec_launch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, cudaStream_t st) {
-  const int smem = dec_smem(a, dd, S);
-  cudaError_t e = dec_prepare<S, CLU, F8>(std::max(smem, dec_smem_max<F8>()));
+  const int smem = dec_smem(a, dd, S, W);
+  cudaError_t e = dec_prepare<S, W, CLU, F8>(std::max(smem, dec_smem_max<W, F8>()));
   if (e != cudaSuccess) return e;
-  return launch_kernel(a.pdl != 0, CLU ? a.max_splits : 0, decode_attn_kernel<S, CLU, F8>,
-                       dim3(a.max_splits, a.n_kv_heads, a.n_seqs), dim3(kDecThreads), smem, st, a, p);
+  return launch_kernel(a.pdl != 0, CLU ? a.max_splits : 0, decode_attn_kernel<S, W, CLU, F8>,
+                       dim3(a.max_splits, a.n_kv_heads, a.n_seqs), dim3(W * 32), smem, st, a, p);
 }
 
-template <int S, bool F8>
+template <int S, int W, bool F8>
 cudaError_t dec_dispatch(const DecodeAttnArgs& a, const DecParams& p, const DeviceInfo& dd, int dev,
                          int mode, cudaStream_t st) {
   if (mode != 1 && a.max_splits > 1) {
@@ -1135,13 +1145,13 @@ cudaError_t dec_dispatch(const DecodeAttnArgs& a, const DecParams& p, const Devi
       DecodeAttnArgs c = a;
       for (int cl = kDecMaxCluster; cl >= 8; cl /= 2) {
         c.max_splits = cl;
-        if (dec_cluster_capacity<S, F8>(c, dd, dev) >= pairs) return dec_launch<S, true, F8>(c, p, dd, st);
+        if (dec_cluster_capacity<S, W, F8>(c, dd, dev) >= pairs) return dec_launch<S, W, true, F8>(c, p, dd, st);
       }
     }
-    const int cap = dec_cluster_capacity<S, F8>(a, dd, dev);
-    if (cap > 0 && (mode == 2 || cap >= pairs)) return dec_launch<S, true, F8>(a, p, dd, st);
+    const int cap = dec_cluster_capacity<S, W, F8>(a, dd, dev);
+    if (cap > 0 && (mode == 2 || cap >= pairs)) return dec_launch<S, W, true, F8>(a, p, dd, st);
   }
-  return dec_launch<S, false, F8>(a, p, dd, st);
+  return dec_launch<S, W, false, F8>(a, p, dd, st);
 }
 
 }  // namespace
@@ -1158,6 +1168,40 @@ int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms, bool kv_fp8
   const long long target = (long long)num_sms * std::max(1, g_dec_tuning.ctas_per_sm) * (kv_fp8 ? 2 : 1);
   const long long s = target / pairs;
   return (int)std::max(1LL, std::min<long long>(s, kDecPolicyMaxSplits));
+}
+
+// A launch's pipeline depth and warps per CTA (tuning knobs override).
+struct DecShape {
+  int stages, warps;
+};
+static DecShape dec_shape(const DecodeAttnArgs& a, const DeviceInfo& dd) {
+  const bool f8 = a.k_cache8 != nullptr;
+  const bool one_wave = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms;
+  // Warps: 8 where the grid fits one wave of one CTA an SM and a pair has at
+  // most 2 splits (batch 44-132 at one KV head) or there is one pair (BF16
+  // cache), else 4. A 4-warp CTA alone on an SM (one warp a scheduler)
+  // streamed ~32 GB/s, so such grids read KV at <= 4.25 TB/s. H200,
+  // 2026-11-30, attn_check --bench, us, 4 -> 8 warps: batch 64 / 4k 38.5 ->
+  // 37.1, 64 / 16k 130.6 -> 127.7, 128 / 4k 67.7 -> 66.0, 128 / 16k 252.3 ->
+  // 247.9, batch 1 / 16k 15.7 -> 15.0; but 64 / 1k 16.3 -> 16.8, 128 / 1k
+  // 20.1 -> 20.7, and at 4-16 sequences (16-33 splits, 8 splits) 1-9% slower
+  // (a CTA's few keys over twice the warps), so not there. Past one wave two
+  // 4-warp CTAs share an SM already. The FP8 cache runs two CTAs an SM
+  // instead (decode_attention_splits).
+  int warps = g_dec_tuning.warps;
+  const int64_t pairs = (int64_t)a.n_kv_heads * a.n_seqs;
+  if (warps != 4 && warps != 8) warps = !f8 && one_wave && (a.max_splits <= 2 || pairs == 1) ? 8 : 4;
+  if (f8) warps = 4;
+  int stages = g_dec_tuning.stages;
+  // The FP8 cache's stages hold half the bytes, and it runs twice the stages
+  // of the depth: 3 (6 of 4 KB a warp) where the grid fits one wave, else 2
+  // (4). H200, 2026-11-29, kvfp8_check --sweep, us, default (4 / 3) -> these:
+  // batch 1 / 2k 9.54 -> 9.28, 4 / 4k 8.79 -> 8.30, 16 / 4k 13.54 -> 12.96,
+  // 256 / 2k 41.37 -> 39.40 (at 2 CTAs an SM the deeper rings lose more).
+  // Eight warps: 3 stages (192 KB), 2 past one wave.
+  if (stages == 0) stages = f8 ? (one_wave ? 3 : 2) : warps == 8 ? (one_wave ? 3 : 2) : one_wave ? 4 : 3;
+  if (warps == 8) stages = std::min(stages, 3);
+  return {stages, warps};
 }
 
 // Splits a launch really uses: more (sequence, KV head) pairs than the counter
@@ -1212,26 +1256,25 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
   int dev = 0;
   const cudaError_t de = device_info(dev, dd);
   if (de != cudaSuccess) return de;
-  int stages = tu.stages;
-  // The FP8 cache's stages hold half the bytes, and it runs twice the stages
-  // of the depth: 3 (6 of 4 KB a warp) where the grid fits one wave, else 2
-  // (4). H200, 2026-11-29, kvfp8_check --sweep, us, default (4 / 3) -> these:
-  // batch 1 / 2k 9.54 -> 9.28, 4 / 4k 8.79 -> 8.30, 16 / 4k 13.54 -> 12.96,
-  // 256 / 2k 41.37 -> 39.40 (at 2 CTAs an SM the deeper rings lose more).
-  if (stages == 0 && f8) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 3 : 2;
-  if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;
+  const DecShape shp = dec_shape(a, dd);
   if (f8) {
     if (dd.major < 9) return cudaErrorInvalidValue;  // the FP8 cache is an sm_90 path (kernels.h)
-    switch (stages) {
-      case 2: return dec_dispatch<2, true>(a, p, dd, dev, tu.cluster, st);
-      case 4: return dec_dispatch<4, true>(a, p, dd, dev, tu.cluster, st);
-      default: return dec_dispatch<3, true>(a, p, dd, dev, tu.cluster, st);
+    switch (shp.stages) {
+      case 2: return dec_dispatch<2, 4, true>(a, p, dd, dev, tu.cluster, st);
+      case 4: return dec_dispatch<4, 4, true>(a, p, dd, dev, tu.cluster, st);
+      default: return dec_dispatch<3, 4, true>(a, p, dd, dev, tu.cluster, st);
     }
   }
-  switch (stages) {
-    case 2: return dec_dispatch<2, false>(a, p, dd, dev, tu.cluster, st);
-    case 4: return dec_dispatch<4, false>(a, p, dd, dev, tu.cluster, st);
-    default: return dec_dispatch<3, false>(a, p, dd, dev, tu.cluster, st);
+  if (shp.warps == 8) {
+    switch (shp.stages) {
+      case 2: return dec_dispatch<2, 8, false>(a, p, dd, dev, tu.cluster, st);
+      default: return dec_dispatch<3, 8, false>(a, p, dd, dev, tu.cluster, st);
+    }
+  }
+  switch (shp.stages) {
+    case 2: return dec_dispatch<2, 4, false>(a, p, dd, dev, tu.cluster, st);
+    case 4: return dec_dispatch<4, 4, false>(a, p, dd, dev, tu.cluster, st);
+    default: return dec_dispatch<3, 4, false>(a, p, dd, dev, tu.cluster, st);
   }
 }
 
@@ -1239,10 +1282,11 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
 // knobs of attention_decode. Not thread-safe; the runtime never calls it.
 struct DecodeAttnTuning {
   int stages, min_chunk, direct_max, ctas_per_sm, cluster;
+  int warps;  // 0 auto, 4 or 8
 };
 void decode_attention_get_tuning(DecodeAttnTuning* t) {
   *t = {g_dec_tuning.stages, g_dec_tuning.min_chunk, g_dec_tuning.direct_max, g_dec_tuning.ctas_per_sm,
-        g_dec_tuning.cluster};
+        g_dec_tuning.cluster, g_dec_tuning.warps};
 }
 // The clusters of the launch's max_splits CTAs the device holds at once, for
 // the stage count attention_decode would pick (0: the cluster form does not
@@ -1253,20 +1297,24 @@ int decode_attention_cluster_capacity(const DecodeAttnArgs& args) {
   DeviceInfo dd;
   int dev = 0;
   if (device_info(dev, dd) != cudaSuccess) return 0;
-  int stages = g_dec_tuning.stages;
-  if (stages == 0 && a.k_cache8) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 3 : 2;
-  if (stages == 0) stages = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms ? 4 : 3;
+  const DecShape shp = dec_shape(a, dd);
   if (a.k_cache8) {
-    switch (stages) {
-      case 2: return dec_cluster_capacity<2, true>(a, dd, dev);
-      case 4: return dec_cluster_capacity<4, true>(a, dd, dev);
-      default: return dec_cluster_capacity<3, true>(a, dd, dev);
+    switch (shp.stages) {
+      case 2: return dec_cluster_capacity<2, 4, true>(a, dd, dev);
+      case 4: return dec_cluster_capacity<4, 4, true>(a, dd, dev);
+      default: return dec_cluster_capacity<3, 4, true>(a, dd, dev);
     }
   }
-  switch (stages) {
-    case 2: return dec_cluster_capacity<2, false>(a, dd, dev);
-    case 4: return dec_cluster_capacity<4, false>(a, dd, dev);
-    default: return dec_cluster_capacity<3, false>(a, dd, dev);
+  if (shp.warps == 8) {
+    switch (shp.stages) {
+      case 2: return dec_cluster_capacity<2, 8, false>(a, dd, dev);
+      default: return dec_cluster_capacity<3, 8, false>(a, dd, dev);
+    }
+  }
+  switch (shp.stages) {
+    case 2: return dec_cluster_capacity<2, 4, false>(a, dd, dev);
+    case 4: return dec_cluster_capacity<4, 4, false>(a, dd, dev);
+    default: return dec_cluster_capacity<3, 4, false>(a, dd, dev);
   }
 }
 // Bytes at the start of every attention_decode workspace that hold the merge
@@ -1282,6 +1330,7 @@ void decode_attention_set_tuning(const DecodeAttnTuning* t) {
   g_dec_tuning.direct_max = t->direct_max;
   g_dec_tuning.ctas_per_sm = t->ctas_per_sm;
   g_dec_tuning.cluster = t->cluster;
+  g_dec_tuning.warps = t->warps;
 }
 
 

@@ -36,6 +36,7 @@ namespace glmk {
 // Test hook defined in attention.cu (not part of kernels.h).
 struct DecodeAttnTuning {
   int stages, min_chunk, direct_max, ctas_per_sm, cluster;
+  int warps;  // warps per CTA: 0 auto, 4 or 8
 };
 void decode_attention_get_tuning(DecodeAttnTuning* t);
 void decode_attention_set_tuning(const DecodeAttnTuning* t);
@@ -867,8 +868,9 @@ static void bench(const char* json) {
          kPeakTBs);
   printf("ws_us: the workspace merge forced; cl_us: the cluster merge forced, with the splits shown (16 where\n"
          "the policy asks more)\n");
-  printf("%-12s %9s %9s %7s %7s %6s %9s %9s %9s\n", "shape", "us", "KV_MB", "TB/s", "%peak", "splits", "ws_us",
-         "cl_us(sp)", "old_us");
+  printf("w4_us: the same launch with 4 warps a CTA (the form before 8-warp CTAs)\n");
+  printf("%-12s %9s %9s %7s %7s %6s %9s %9s %9s %9s\n", "shape", "us", "KV_MB", "TB/s", "%peak", "splits", "w4_us",
+         "ws_us", "cl_us(sp)", "old_us");
   const std::vector<std::pair<int, int>> old_shapes = {{1, 2048}, {16, 8192}, {64, 2048},
                                                        {64, 8192}, {256, 2048}, {256, 8192}};
   std::vector<BenchResult> res;
@@ -900,11 +902,15 @@ static void bench(const char* json) {
       CK(cudaMemset(ws16.p, 0, ws16.n));
       cl_us = time_decode(S, csp, ws16.p, 30);
     }
+    t = cur;
+    t.warps = 4;
+    decode_attention_set_tuning(&t);
+    const double w4_us = time_decode(S, splits, ws.p, 30);
     decode_attention_set_tuning(&cur);
     for (auto& o : old_shapes)
       if (o.first == B && o.second == C) r.old_us = time_old(S, 20);
-    printf("%-12s %9.2f %9.1f %7.3f %6.1f%% %6d %9.2f %6.2f(%2d)", r.shape.c_str(), r.us, r.mb, r.tbs,
-           100 * r.tbs / kPeakTBs, r.splits, ws_us, cl_us, csp);
+    printf("%-12s %9.2f %9.1f %7.3f %6.1f%% %6d %9.2f %9.2f %6.2f(%2d)", r.shape.c_str(), r.us, r.mb, r.tbs,
+           100 * r.tbs / kPeakTBs, r.splits, w4_us, ws_us, cl_us, csp);
     if (r.old_us > 0) printf(" %9.2f", r.old_us);
     printf("\n");
     fflush(stdout);
@@ -950,7 +956,7 @@ static void sweep() {
         for (int mc : {64, 128, 256})
           for (int dm : {8, 16, 32}) {
             if (B >= 64 && (mc != def.min_chunk || dm != def.direct_max)) continue;  // no effect there
-            DecodeAttnTuning t{st, mc, dm, cps, def.cluster};
+            DecodeAttnTuning t{st, mc, dm, cps, def.cluster, def.warps};
             decode_attention_set_tuning(&t);
             const int splits = decode_attention_splits(B, 1, g_num_sms);
             Dev<uint8_t> ws(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, splits)));
@@ -1039,15 +1045,30 @@ int main(int argc, char** argv) {
     // Other launch knobs: two-level merge with a one-split group, every stage count.
     DecodeAttnTuning def;
     decode_attention_get_tuning(&def);
-    const std::vector<DecodeAttnTuning> knobs = {
-        {2, 128, 2, 2}, {4, 64, 4, 1}, {3, 256, 32, 2}, {2, 16, 1, 3}};
+    const std::vector<DecodeAttnTuning> knobs = {{2, 128, 2, 2, 0, 8}, {4, 64, 4, 1, 0, 4}, {3, 256, 32, 2, 0, 8},
+                                                 {2, 16, 1, 3, 0, 4},  {3, 64, 4, 1, 0, 8}, {4, 128, 16, 1, 0, 4}};
     for (const auto& t : knobs) {
       decode_attention_set_tuning(&t);
-      const std::string w = fmt("st%d mc%d dm%d", t.stages, t.min_chunk, t.direct_max);
+      const std::string w = fmt("st%d mc%d dm%d w%d", t.stages, t.min_chunk, t.direct_max, t.warps);
       run_case({w, {16384}, 12, 1, 16, 7, true});
       run_case({w, {5000, 0, 100, 16384}, 12, 1, 16, 0, true});
       run_case({w, mixed(16, all, 2), 16, 1, 32, 64, true});
       run_case({w, mixed(5, all, 1), 8, 2, 16, 64, false});
+    }
+    // Both CTA widths forced on the shapes whose automatic choice is the
+    // other (8 warps where the grid fits one wave, else 4): every merge form.
+    for (int wv : {4, 8}) {
+      DecodeAttnTuning t = def;
+      t.warps = wv;
+      decode_attention_set_tuning(&t);
+      const std::string w = fmt("w%d", wv);
+      for (int c : {1, 17, 1000, 2049, 16384}) run_case({w + " batch 1", {c}, 12, 1, 16, 0, true});
+      const auto c16 = mixed(16, all, 2);
+      for (int sp : {0, 2, 7, 64}) run_case({w + " 16 mixed", c16, 12, 1, 16, sp, true});
+      run_case({w + " 64 mixed", mixed(64, mid, 3), 16, 1, 32, 7, true});
+      run_case({w + " 257 mixed", mixed(257, shortc, 5), 12, 1, 16, 2, true});
+      run_case({w + " G=16, 2 KV heads", mixed(16, all, 1), 16, 2, 16, 64, false});
+      run_case({w + " G=4, block 48", {1000, 47, 48, 49}, 4, 1, 48, 7, true});
     }
     decode_attention_set_tuning(nullptr);
     check_shared_workspace();
