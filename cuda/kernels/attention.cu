@@ -661,6 +661,28 @@ __device__ __forceinline__ void dec_f8_tile(uint32_t sb, int lane, int g, int t,
   }
 }
 
+// A timing probe (built with -DGLMK_DEC_PROBE=1 only): thread 0 of each CTA
+// stamps %globaltimer at the kernel's phases (attn_check --probe).
+#if GLMK_DEC_PROBE
+constexpr int kDecProbeCtas = 2048, kDecProbeStamps = 9;  // the last: the SM id
+__device__ unsigned long long g_dec_probe[kDecProbeCtas][kDecProbeStamps];
+__device__ __forceinline__ void dec_stamp(int k) {
+  if (threadIdx.x == 0) {
+    const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (b < kDecProbeCtas) g_dec_probe[b][k] = t;
+    if (k == 0 && b < kDecProbeCtas) {
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      g_dec_probe[b][8] = smid;
+    }
+  }
+}
+#else
+__device__ __forceinline__ void dec_stamp(int) {}
+#endif
+
 template <int S, int W, bool CLU, bool F8>
 __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, DecParams p) {
   static_assert(S >= 2 && S <= 4, "pipeline depth");
@@ -674,6 +696,7 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
   extern __shared__ __align__(1024) unsigned char dsmem[];
   __shared__ DecShared sh;
   pdl_launch_dependents();  // o_proj's weights may start streaming under this kernel
+  dec_stamp(0);
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -717,6 +740,7 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
   };
   int ids = tile_ids(0);
   int ids_next = tile_ids(1);
+  dec_stamp(1);
 
   // Launched with programmatic dependent launch, the kernel gets here while
   // the previous one (q/k norm + RoPE + the new token's KV write) still runs:
@@ -746,43 +770,51 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     }
   }
   dec_grid_wait();
+  dec_stamp(2);
 
   // Q as bf16 A fragments: rows = heads kvh*G + r (r >= G: zero), pre-scaled
   // so that scores are in log2 units. qa[kk] covers dims 16kk .. 16kk+15.
   uint32_t qa[8][4];
-  const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
-  const float sc = a.scale * kLog2e;
-  if constexpr (F8) {
-    // f16, the dims of a k-step permuted as the FP8 K rows arrive from
-    // ldmatrix: thread (g, t) holds dims 16kk + 4t .. 4t+3 of its rows (a0 / a2
-    // the first / second pair), the same permutation on both operands.
+  auto load_q = [&]() {
+    const float* qp = a.q + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD;
+    const float sc = a.scale * kLog2e;
+    if constexpr (F8) {
+      // f16, the dims of a k-step permuted as the FP8 K rows arrive from
+      // ldmatrix: thread (g, t) holds dims 16kk + 4t .. 4t+3 of its rows (a0 / a2
+      // the first / second pair), the same permutation on both operands.
 #pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
+      for (int kk = 0; kk < 8; ++kk) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = g + 8 * h;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (r < G) v = *reinterpret_cast<const float4*>(qp + r * kDecD + kk * 16 + 4 * t);
-        qa[kk][h] = pack_f16(v.x * sc, v.y * sc);
-        qa[kk][h + 2] = pack_f16(v.z * sc, v.w * sc);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
+        for (int h = 0; h < 2; ++h) {
           const int r = g + 8 * h;
-          float2 v = make_float2(0.f, 0.f);
-          if (r < G) v = *reinterpret_cast<const float2*>(qp + r * kDecD + kk * 16 + 8 * c + 2 * t);
-          qa[kk][h + 2 * c] = pack_bf16(v.x * sc, v.y * sc);
+          float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (r < G) v = *reinterpret_cast<const float4*>(qp + r * kDecD + kk * 16 + 4 * t);
+          qa[kk][h] = pack_f16(v.x * sc, v.y * sc);
+          qa[kk][h + 2] = pack_f16(v.z * sc, v.w * sc);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int r = g + 8 * h;
+            float2 v = make_float2(0.f, 0.f);
+            if (r < G) v = *reinterpret_cast<const float2*>(qp + r * kDecD + kk * 16 + 8 * c + 2 * t);
+            qa[kk][h + 2 * c] = pack_bf16(v.x * sc, v.y * sc);
+          }
         }
       }
     }
-  }
-
+  };
+  // 8-warp CTAs request their first KV tiles before q (dec_shape's grids,
+  // where the first tiles arrive late behind the other CTAs' requests): H200,
+  // 2026-11-30, attn_check --bench, us, q first -> KV first: batch 64 / 1k
+  // 16.75 -> 16.07, 128 / 1k 20.85 -> 19.99, 128 / 4k 66.1 -> 64.7; with 4
+  // warps KV first was slower (batch 4 / 4k 10.9 -> 11.8).
+  if constexpr (W != 8) load_q();
   const uint32_t wbase = (uint32_t)__cvta_generic_to_shared(dsmem) + warp * WB;
   const __nv_bfloat16* kc = a.k_cache;
   const __nv_bfloat16* vc = a.v_cache;
@@ -850,10 +882,14 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     if (s < nt) issue(s, s, __shfl_sync(0xffffffffu, ids, s));
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
+  if constexpr (W == 8) load_q();
+  if (warp == 0 && qa[7][3] == 0x7fffffffu) dec_stamp(7);  // (never true) the probe's stamp 3 after q lands
+  dec_stamp(3);
   int rb = 0, wb = NS - 1;
   for (int j = 0; j < nt; ++j) {
     cp_async_wait<NS - 2>();  // tile j has landed (this thread's copies)
     __syncwarp();             // ... and every lane's; stage wb (read at j-1) is free
+    if (j == 0) dec_stamp(4);
     {
       const int jn = j + NS - 1;
       if ((jn & 31) == 0) {  // next batch of block ids
@@ -906,6 +942,7 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     }
   }
   cp_async_wait<0>();
+  dec_stamp(5);
 
   // ---- merge the 4 warps' states (fixed order) -> acc, sh.M, sh.L
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
@@ -968,13 +1005,16 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
       acc[k] = a4;
     }
   }
+  dec_stamp(6);
   if (n_act == 1) {
     dec_write_final<kDecThreads>(a, G, row, kvh, acc, sh);
+    dec_stamp(7);
     return;
   }
   if constexpr (CLU) {
     __shared__ DecClusterShared cs;
     dec_cluster_final<kDecThreads>(a, G, row, kvh, split, a.max_splits, n_act, acc, sh, cs);
+    dec_stamp(7);
     return;
   }
 
@@ -1001,7 +1041,10 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     const int R = dec_ceil_sqrt(n_act);
     const int grp = split / R;
     const int gn = min(R, n_act - grp * R);
-    if (!dec_arrive(cnt + 1 + grp, gn, sh)) return;
+    if (!dec_arrive(cnt + 1 + grp, gn, sh)) {
+      dec_stamp(7);
+      return;
+    }
     dec_merge<kDecThreads>(p.po + (pair * a.max_splits + grp * R) * G * kDecD, p.pml + (pair * a.max_splits + grp * R) * G,
               gn, G, stage, stage_s, cap, acc, sh);
     float4* dst = reinterpret_cast<float4*>(p.go + ((pair * p.gmax + grp) * G) * kDecD);
@@ -1015,11 +1058,15 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     fin_o = p.go + (pair * p.gmax) * G * kDecD;
     fin_ml = p.gml + (pair * p.gmax) * G;
   }
-  if (!dec_arrive(cnt, n_final, sh)) return;
+  if (!dec_arrive(cnt, n_final, sh)) {
+    dec_stamp(7);
+    return;
+  }
   dec_merge<kDecThreads>(fin_o, fin_ml, n_final, G, stage, stage_s, cap, acc, sh);
   if (tid < G) sh.scl[tid] = 1.f / sh.L[tid];
   __syncthreads();
   dec_write_final<kDecThreads>(a, G, row, kvh, acc, sh);
+  dec_stamp(7);
 }
 
 struct DecWsLayout {
@@ -1276,6 +1323,24 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
     case 4: return dec_dispatch<4, 4, false>(a, p, dd, dev, tu.cluster, st);
     default: return dec_dispatch<3, 4, false>(a, p, dd, dev, tu.cluster, st);
   }
+}
+
+// Probe hook (attn_check --probe): copies the stamps of the first n CTAs
+// since the last call, 9 a CTA (8 stamps, the SM id), and clears them; returns the CTAs copied, 0
+// without the probe.
+int decode_attention_probe(unsigned long long* out, int n) {
+#if GLMK_DEC_PROBE
+  n = std::min(n, kDecProbeCtas);
+  if (cudaMemcpyFromSymbol(out, g_dec_probe, (size_t)n * kDecProbeStamps * 8) != cudaSuccess) return 0;
+  void* sym = nullptr;  // cleared for the next launch
+  if (cudaGetSymbolAddress(&sym, g_dec_probe) != cudaSuccess || cudaMemset(sym, 0, sizeof g_dec_probe) != cudaSuccess)
+    return 0;
+  return n;
+#else
+  (void)out;
+  (void)n;
+  return 0;
+#endif
 }
 
 // Test / bench hook (not in kernels.h; attn_check declares it): the launch

@@ -39,6 +39,9 @@ struct DecodeAttnTuning {
   int warps;  // warps per CTA: 0 auto, 4 or 8
 };
 void decode_attention_get_tuning(DecodeAttnTuning* t);
+// Phase stamps of a probe build (-DGLMK_DEC_PROBE=1): 9 a CTA (8 stamps, the SM id), cleared by
+// the call; 0 otherwise.
+int decode_attention_probe(unsigned long long* out, int n);
 void decode_attention_set_tuning(const DecodeAttnTuning* t);
 // Clusters of the launch's max_splits CTAs the device holds at once for the
 // stage count the launch would pick (0: the cluster form does not launch).
@@ -934,6 +937,68 @@ static void bench(const char* json) {
   }
 }
 
+// --probe (a probe build of attention.cu): per phase, µs from the first CTA's
+// start, min / median / max over the CTAs that streamed keys, of one launch
+// after warm-up. Stamps: 0 start, 1 metadata + block ids, 2 grid wait, 3 Q
+// in registers, 4 first tile landed (warp 0), 5 loop done (warp 0), 6 warps
+// merged, 7 exit.
+static void probe() {
+  printf("\nattention_decode phases (us from the first CTA's start: min / median / max over CTAs with keys)\n");
+  const char* names[8] = {"start", "ids", "wait", "Q", "tile0", "loop", "wmerge", "exit"};
+  for (auto [B, C] : std::vector<std::pair<int, int>>{
+           {1, 2048}, {4, 4096}, {16, 2048}, {16, 4096}, {64, 2048}, {64, 16384}, {128, 1024}, {128, 16384},
+           {256, 16384}}) {
+    const double bytes = (double)B * C * 2 * 128 * 2;
+    BenchSetup S(B, C, copies_for(bytes));
+    const int splits = decode_attention_splits(B, 1, g_num_sms);
+    Dev<uint8_t> ws(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, splits)));
+    CK(cudaMemset(ws.p, 0, ws.n));
+    const double us = time_decode(S, splits, ws.p, 10);
+    constexpr int K = 9;
+    std::vector<unsigned long long> st((size_t)2048 * K);
+    if (decode_attention_probe(st.data(), 2048) == 0) {  // (clears)
+      printf("not a probe build (-DGLMK_DEC_PROBE=1)\n");
+      return;
+    }
+    CK(attention_decode(bench_args(S, splits, ws.p, 1), 0));
+    CK(cudaDeviceSynchronize());
+    const int n = decode_attention_probe(st.data(), 2048);
+    unsigned long long t0 = ~0ull;
+    std::vector<int> live;
+    for (int c = 0; c < n; ++c)
+      if (st[c * K + 5] != 0) {
+        live.push_back(c);
+        t0 = std::min(t0, st[c * K]);
+      }
+    printf("b%d_c%d (graph %.2f us, %zu CTAs with keys):", B, C, us, live.size());
+    for (int k = 0; k < 8; ++k) {
+      std::vector<double> v;
+      for (int c : live)
+        if (st[c * K + k] != 0) v.push_back((double)(st[c * K + k] - t0) / 1000.0);
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end());
+      printf(" %s %.2f/%.2f/%.2f", names[k], v.front(), v[v.size() / 2], v.back());
+    }
+    printf("\n");
+    if (C >= 16384) {  // the loop's end by SM: the fastest and slowest CTAs (us, SM id)
+      std::vector<std::pair<double, int>> e;
+      for (int c : live) e.push_back({(double)(st[c * K + 5] - t0) / 1000.0, (int)st[c * K + 8]});
+      std::sort(e.begin(), e.end());
+      printf("  loop end (us@SM): fastest");
+      for (size_t i = 0; i < std::min<size_t>(12, e.size()); ++i) printf(" %.0f@%d", e[i].first, e[i].second);
+      printf("; slowest");
+      for (size_t i = e.size() > 12 ? e.size() - 12 : 0; i < e.size(); ++i) printf(" %.0f@%d", e[i].first, e[i].second);
+      printf("\n  by SM (us):");
+      std::vector<std::pair<int, double>> bysm;
+      for (auto& x : e) bysm.push_back({x.second, x.first});
+      std::sort(bysm.begin(), bysm.end());
+      for (auto& x : bysm) printf(" %d:%.0f", x.first, x.second);
+      printf("\n");
+    }
+    fflush(stdout);
+  }
+}
+
 // Launch knobs on a few shapes: every combination, the 5 fastest per shape.
 static void sweep() {
   printf("\nattention_decode sweep (stages, ctas_per_sm of the split policy, min_chunk, direct_max)\n");
@@ -982,13 +1047,14 @@ static void sweep() {
 
 int main(int argc, char** argv) {
   uint64_t seed = 0xa77e;
-  bool do_bench = false, only_bench = false, do_sweep = false, do_cold = false;
+  bool do_bench = false, only_bench = false, do_sweep = false, do_cold = false, do_probe = false;
   const char* json = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
     else if (!strcmp(argv[i], "--sweep")) do_sweep = only_bench = true;
+    else if (!strcmp(argv[i], "--probe")) do_probe = only_bench = true;
     else if (!strcmp(argv[i], "--cold")) do_cold = only_bench = true;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else {
@@ -1082,6 +1148,7 @@ int main(int argc, char** argv) {
   if (do_bench) bench(json);
   if (do_cold) bench_cold();
   if (do_sweep) sweep();
+  if (do_probe) probe();
   if (g_ws) cudaFree(g_ws);
   return fails ? 1 : 0;
 }
