@@ -354,10 +354,13 @@ struct DecShared {
 
 // The cluster form's hand-off: each CTA's partial row in its own shared
 // memory, read by the cluster's CTAs through distributed shared memory.
+// Pushed into by every CTA of the cluster (dec_cluster_final): this CTA's
+// slice of the row from each, [source rank][float4 of the slice]; every
+// CTA's (m, l) per head; every CTA's slice maximum.
 struct DecClusterShared {
-  float4 po[kDecodeMaxGroup * 32];  // O (unnormalised), float4 idx = head * 32 + dims / 4
-  float2 ml[kDecodeMaxGroup];       // (m, l) per head, m in log2 units
-  float amax;                       // max |y| over the slice of the row this CTA writes
+  float4 po_in[kDecodeMaxGroup * 32 + kDecMaxCluster];  // rank * span + j (O unnormalised)
+  float2 ml_in[kDecMaxCluster][kDecodeMaxGroup];        // (m, l), m in log2 units
+  float amax_in[kDecMaxCluster];                        // max |y| over each CTA's slice
 };
 
 __host__ __device__ constexpr int dec_ceil_sqrt(int n) {
@@ -394,6 +397,28 @@ __device__ __forceinline__ void cp_async16_zfill_hint(uint32_t dst, const void* 
                "r"(src_bytes), "l"(policy)
                : "memory");
 }
+// A timing probe (built with -DGLMK_DEC_PROBE=1 only): thread 0 of each CTA
+// stamps %globaltimer at the kernel's phases (attn_check --probe).
+#if GLMK_DEC_PROBE
+constexpr int kDecProbeCtas = 2048, kDecProbeStamps = 13;  // the last: the SM id
+__device__ unsigned long long g_dec_probe[kDecProbeCtas][kDecProbeStamps];
+__device__ __forceinline__ void dec_stamp(int k) {
+  if (threadIdx.x == 0) {
+    const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (b < kDecProbeCtas) g_dec_probe[b][k] = t;
+    if (k == 0 && b < kDecProbeCtas) {
+      unsigned smid;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+      g_dec_probe[b][kDecProbeStamps - 1] = smid;
+    }
+  }
+}
+#else
+__device__ __forceinline__ void dec_stamp(int) {}
+#endif
+
 // Arrival on a merge counter. Every thread has stored its share of the CTA's
 // result; returns (to every thread) whether this CTA is the expected-th, i.e.
 // the last, to arrive. The last one resets the counter for the next launch.
@@ -504,33 +529,44 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
   }
 }
 
-// The cluster form's merge (n_act > 1): the n_act CTAs with keys publish
-// (O, m, l) in shared memory; after a cluster barrier CTA `rank` of `CL`
-// merges the float4s [rank * span, +span) of the row from all of them
-// through distributed shared memory — the same operations in the same order
-// as dec_merge + dec_write_final, so the same bits as the workspace form with
-// one merge level — and the FP8 scale comes from the CTAs' slice maxima
-// after a second barrier. No global partials, fence or counter; the merge is
-// spread over the cluster instead of one CTA reading every partial. A third
-// barrier keeps every CTA's shared memory alive until the last remote read.
+// The cluster form's merge (n_act > 1). CTA `rank` of `CL` owns the float4s
+// [rank * span, +span) of the row: every CTA pushes each float4 of its
+// partial O into its owner's shared memory, and its (m, l) into every CTA's,
+// by distributed-shared-memory stores; after a cluster barrier each owner
+// merges its slice from local copies — the same operations in the same
+// order as dec_merge + dec_write_final, so the same bits as the workspace
+// form with one merge level — pushes its slice maximum to every CTA, and
+// after a second barrier writes its slice (FP32, and FP8 with the row's
+// scale from the maxima). No remote loads and no third barrier: an owner
+// reading remote partials after the first barrier, and the maxima after the
+// second, had cost ~2 us of a ~3.7 us merge (H200 probe, batch 4 / 4k).
+// The global stores come after the last barrier, whose release (a GPU-scope
+// membar on sm_90) then waits for none of them.
 template <int NTHR>
 __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int kvh, int rank, int CL, int n_act,
                                   const float4 (&acc)[4], DecShared& sh, DecClusterShared& cs) {
   const int tid = threadIdx.x;
   const int per = G * 32;
+  const int span = (per + CL - 1) / CL;
+  const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(cs.po_in);
+  const uint32_t ml_s = (uint32_t)__cvta_generic_to_shared(&cs.ml_in[0][0]);
+  const uint32_t am_s = (uint32_t)__cvta_generic_to_shared(cs.amax_in);
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int idx = tid + NTHR * k;
-    if (idx < per) cs.po[idx] = acc[k];
+    if (idx < per) {
+      const int o = idx / span;
+      st_dsmem_f4(po_s + (uint32_t)(rank * span + idx - o * span) * 16u, o, acc[k]);
+    }
   }
-  if (tid < G) cs.ml[tid] = make_float2(sh.M[tid], sh.L[tid]);
+  for (int q = tid; q < G * CL; q += NTHR) {
+    const int dst = q / G, r = q - dst * G;
+    st_dsmem_f2(ml_s + (uint32_t)(rank * kDecodeMaxGroup + r) * 8u, dst, make_float2(sh.M[r], sh.L[r]));
+  }
   cluster_arrive_release();
   cluster_wait_acquire();
-  const int span = (per + CL - 1) / CL;
+  dec_stamp(8);
   const int lo = rank * span, hi = min(per, lo + span);
-  const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(cs.po);
-  const uint32_t ml_s = (uint32_t)__cvta_generic_to_shared(cs.ml);
-  float* outp = a.out ? a.out + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD : nullptr;
   float4 y[2];
   float amax = 0.f;
 #pragma unroll
@@ -538,46 +574,44 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
     const int idx = lo + tid + NTHR * q;
     y[q] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (idx < hi) {
-      const int r = idx >> 5;
-      float mi[kDecMaxCluster], li[kDecMaxCluster];
-      float4 vi[kDecMaxCluster];
-#pragma unroll
-      for (int i = 0; i < kDecMaxCluster; ++i)
-        if (i < n_act) {
-          mi[i] = ld_dsmem_f32(ml_s + r * 8, i);
-          li[i] = ld_dsmem_f32(ml_s + r * 8 + 4, i);
-          vi[i] = ld_dsmem_f4(po_s + idx * 16, i);
-        }
+      const int r = idx >> 5, j = idx - lo;
       float M = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kDecMaxCluster; ++i)
-        if (i < n_act) M = fmaxf(M, mi[i]);
+      for (int i = 0; i < n_act; ++i) M = fmaxf(M, cs.ml_in[i][r].x);
       float L = 0.f;
       float4 a4 = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int i = 0; i < kDecMaxCluster; ++i)
-        if (i < n_act) {
-          const float w = ex2(mi[i] - M);
-          L += li[i] * w;
-          a4.x += w * vi[i].x;
-          a4.y += w * vi[i].y;
-          a4.z += w * vi[i].z;
-          a4.w += w * vi[i].w;
-        }
+      for (int i = 0; i < n_act; ++i) {
+        const float w = ex2(cs.ml_in[i][r].x - M);
+        const float4 vi = cs.po_in[i * span + j];
+        L += cs.ml_in[i][r].y * w;
+        a4.x += w * vi.x;
+        a4.y += w * vi.y;
+        a4.z += w * vi.z;
+        a4.w += w * vi.w;
+      }
       const float f = 1.f / L;
       y[q] = make_float4(a4.x * f, a4.y * f, a4.z * f, a4.w * f);
-      if (outp) reinterpret_cast<float4*>(outp)[idx] = y[q];
       amax = fmaxf(amax, absmax4(y[q]));
     }
   }
-  if (a.out_q) amax = block_reduce(amax, sh.red, MaxOp());  // uniform over the cluster
-  if (tid == 0) cs.amax = amax;
-  cluster_arrive_release();  // every remote read of po / ml done; amax published
-  cluster_wait_acquire();
+  dec_stamp(9);
+  if (a.out_q) {  // (uniform over the cluster; without it the first barrier was the last)
+    amax = block_reduce(amax, sh.red, MaxOp());  // uniform over the CTA
+    for (int d = tid; d < CL; d += NTHR) st_dsmem_f32(am_s + (uint32_t)rank * 4u, d, amax);
+    cluster_arrive_release();  // the maxima pushed; no remote access after this barrier
+    cluster_wait_acquire();
+  }
+  dec_stamp(10);
+  float* outp = a.out ? a.out + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD : nullptr;
+  if (outp) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int idx = lo + tid + NTHR * q;
+      if (idx < hi) reinterpret_cast<float4*>(outp)[idx] = y[q];
+    }
+  }
   if (a.out_q) {
     float am = 0.f;
-    for (int i = 0; i < CL; ++i) am = fmaxf(am, ld_dsmem_f32((uint32_t)__cvta_generic_to_shared(&cs.amax), i));
-    cluster_arrive_release();  // this CTA's reads of the others' amax done
+    for (int i = 0; i < CL; ++i) am = fmaxf(am, cs.amax_in[i]);
     const float s = fmaxf(am / kFp8Max, kMinActScale);
     const float inv = 1.0f / s;
     uint32_t* qr = reinterpret_cast<uint32_t*>(a.out_q + (int64_t)row * a.n_q_heads * kDecD);
@@ -589,7 +623,6 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
       }
     }
     if (rank == 0 && tid == 0) a.out_scale[row] = s;
-    cluster_wait_acquire();
   }
 }
 
@@ -660,28 +693,6 @@ __device__ __forceinline__ void dec_f8_tile(uint32_t sb, int lane, int g, int t,
       mma_f16_16816(o[4 * q + m], pa, e4m3x2_to_f16x2(x[m]) & vm0, e4m3x2_to_f16x2(x[m] >> 16) & vm1);
   }
 }
-
-// A timing probe (built with -DGLMK_DEC_PROBE=1 only): thread 0 of each CTA
-// stamps %globaltimer at the kernel's phases (attn_check --probe).
-#if GLMK_DEC_PROBE
-constexpr int kDecProbeCtas = 2048, kDecProbeStamps = 9;  // the last: the SM id
-__device__ unsigned long long g_dec_probe[kDecProbeCtas][kDecProbeStamps];
-__device__ __forceinline__ void dec_stamp(int k) {
-  if (threadIdx.x == 0) {
-    const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    if (b < kDecProbeCtas) g_dec_probe[b][k] = t;
-    if (k == 0 && b < kDecProbeCtas) {
-      unsigned smid;
-      asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-      g_dec_probe[b][8] = smid;
-    }
-  }
-}
-#else
-__device__ __forceinline__ void dec_stamp(int) {}
-#endif
 
 template <int S, int W, bool CLU, bool F8>
 __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, DecParams p) {
@@ -1062,7 +1073,9 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     dec_stamp(7);
     return;
   }
+  dec_stamp(8);
   dec_merge<kDecThreads>(fin_o, fin_ml, n_final, G, stage, stage_s, cap, acc, sh);
+  dec_stamp(9);
   if (tid < G) sh.scl[tid] = 1.f / sh.L[tid];
   __syncthreads();
   dec_write_final<kDecThreads>(a, G, row, kvh, acc, sh);
@@ -1326,7 +1339,7 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
 }
 
 // Probe hook (attn_check --probe): copies the stamps of the first n CTAs
-// since the last call, 9 a CTA (8 stamps, the SM id), and clears them; returns the CTAs copied, 0
+// since the last call, 13 a CTA (12 stamps, the SM id), and clears them; returns the CTAs copied, 0
 // without the probe.
 int decode_attention_probe(unsigned long long* out, int n) {
 #if GLMK_DEC_PROBE

@@ -429,6 +429,24 @@ __device__ __forceinline__ void st_dsmem_f32(uint32_t addr, int rank, float v) {
 #endif
 }
 
+// The same for 8 and 16 bytes.
+__device__ __forceinline__ void st_dsmem_f2(uint32_t addr, int rank, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(remote), "f"(v.x), "f"(v.y) : "memory");
+#endif
+}
+__device__ __forceinline__ void st_dsmem_f4(uint32_t addr, int rank, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z),
+               "f"(v.w)
+               : "memory");
+#endif
+}
+
 // Limits of the current device, asked once per device (launch functions run
 // for every layer of every eager step; concurrent first calls store the same
 // values). One cache for the library: an inline function's statics are shared

@@ -39,8 +39,8 @@ struct DecodeAttnTuning {
   int warps;  // warps per CTA: 0 auto, 4 or 8
 };
 void decode_attention_get_tuning(DecodeAttnTuning* t);
-// Phase stamps of a probe build (-DGLMK_DEC_PROBE=1): 9 a CTA (8 stamps, the SM id), cleared by
-// the call; 0 otherwise.
+// Phase stamps of a probe build (-DGLMK_DEC_PROBE=1): 13 a CTA (12 stamps, the SM id), cleared
+// by the call; 0 otherwise.
 int decode_attention_probe(unsigned long long* out, int n);
 void decode_attention_set_tuning(const DecodeAttnTuning* t);
 // Clusters of the launch's max_splits CTAs the device holds at once for the
@@ -941,20 +941,22 @@ static void bench(const char* json) {
 // start, min / median / max over the CTAs that streamed keys, of one launch
 // after warm-up. Stamps: 0 start, 1 metadata + block ids, 2 grid wait, 3 Q
 // in registers, 4 first tile landed (warp 0), 5 loop done (warp 0), 6 warps
-// merged, 7 exit.
+// merged, 7 exit; merges: cluster 8 first barrier passed, 9 slice merged and
+// stored, 10 second barrier passed; workspace (the last CTA) 8 counted last, 9
+// partials merged.
 static void probe() {
   printf("\nattention_decode phases (us from the first CTA's start: min / median / max over CTAs with keys)\n");
-  const char* names[8] = {"start", "ids", "wait", "Q", "tile0", "loop", "wmerge", "exit"};
+  const char* names[11] = {"start", "ids", "wait", "Q", "tile0", "loop", "wmerge", "exit", "m8", "m9", "m10"};
   for (auto [B, C] : std::vector<std::pair<int, int>>{
-           {1, 2048}, {4, 4096}, {16, 2048}, {16, 4096}, {64, 2048}, {64, 16384}, {128, 1024}, {128, 16384},
-           {256, 16384}}) {
+           {1, 2048}, {1, 16384}, {4, 1024}, {4, 4096}, {16, 1024}, {16, 2048}, {16, 4096}, {64, 1024}, {64, 2048},
+           {64, 16384}, {128, 1024}, {128, 16384}, {256, 16384}}) {
     const double bytes = (double)B * C * 2 * 128 * 2;
     BenchSetup S(B, C, copies_for(bytes));
     const int splits = decode_attention_splits(B, 1, g_num_sms);
     Dev<uint8_t> ws(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, splits)));
     CK(cudaMemset(ws.p, 0, ws.n));
     const double us = time_decode(S, splits, ws.p, 10);
-    constexpr int K = 9;
+    constexpr int K = 13;
     std::vector<unsigned long long> st((size_t)2048 * K);
     if (decode_attention_probe(st.data(), 2048) == 0) {  // (clears)
       printf("not a probe build (-DGLMK_DEC_PROBE=1)\n");
@@ -971,7 +973,7 @@ static void probe() {
         t0 = std::min(t0, st[c * K]);
       }
     printf("b%d_c%d (graph %.2f us, %zu CTAs with keys):", B, C, us, live.size());
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < 11; ++k) {
       std::vector<double> v;
       for (int c : live)
         if (st[c * K + k] != 0) v.push_back((double)(st[c * K + k] - t0) / 1000.0);
@@ -982,7 +984,7 @@ static void probe() {
     printf("\n");
     if (C >= 16384) {  // the loop's end by SM: the fastest and slowest CTAs (us, SM id)
       std::vector<std::pair<double, int>> e;
-      for (int c : live) e.push_back({(double)(st[c * K + 5] - t0) / 1000.0, (int)st[c * K + 8]});
+      for (int c : live) e.push_back({(double)(st[c * K + 5] - t0) / 1000.0, (int)st[c * K + K - 1]});
       std::sort(e.begin(), e.end());
       printf("  loop end (us@SM): fastest");
       for (size_t i = 0; i < std::min<size_t>(12, e.size()); ++i) printf(" %.0f@%d", e[i].first, e[i].second);
@@ -990,7 +992,7 @@ static void probe() {
       for (size_t i = e.size() > 12 ? e.size() - 12 : 0; i < e.size(); ++i) printf(" %.0f@%d", e[i].first, e[i].second);
       printf("\n  by SM (us):");
       std::vector<std::pair<int, double>> bysm;
-      for (auto& x : e) bysm.push_back({x.second, x.first});
+      for (auto& x : e) bysm.push_back({x.second, x.first});  // (SM id in the last slot)
       std::sort(bysm.begin(), bysm.end());
       for (auto& x : bysm) printf(" %d:%.0f", x.first, x.second);
       printf("\n");
