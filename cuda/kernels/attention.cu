@@ -361,7 +361,64 @@ struct DecClusterShared {
   float4 po_in[kDecodeMaxGroup * 32 + kDecMaxCluster];  // rank * span + j (O unnormalised)
   float2 ml_in[kDecMaxCluster][kDecodeMaxGroup];        // (m, l), m in log2 units
   float amax_in[kDecMaxCluster];                        // max |y| over each CTA's slice
+  uint64_t bar[2];  // complete when every CTA's pushes (partials + (m, l); maxima) have landed
 };
+
+// The cluster merge's transaction barriers and asynchronous remote stores
+// (sm_90): st.async writes into CTA `rank`'s shared memory at the offset of
+// a local address and counts its bytes on that CTA's barrier at the offset
+// of local `bar`; the receiver waits for the bytes it expects. No fence, no
+// cluster barrier on the data's way.
+__device__ __forceinline__ void dec_mbar_init(uint32_t bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+#endif
+}
+__device__ __forceinline__ void dec_mbar_expect(uint32_t bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void dec_mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred p;\nDEC_WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra DEC_DONE;\nbra DEC_WAIT;\nDEC_DONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ uint32_t dec_mapa(uint32_t addr, int rank) {
+  uint32_t remote = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+#endif
+  return remote;
+}
+__device__ __forceinline__ void dec_st_async_f4(uint32_t addr, int rank, uint32_t bar, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   dec_mapa(addr, rank)),
+               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(dec_mapa(bar, rank))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void dec_st_async_f2(uint32_t addr, int rank, uint32_t bar, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+                   dec_mapa(addr, rank)),
+               "f"(v.x), "f"(v.y), "r"(dec_mapa(bar, rank))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void dec_st_async_f1(uint32_t addr, int rank, uint32_t bar, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dec_mapa(addr, rank)),
+               "f"(v), "r"(dec_mapa(bar, rank))
+               : "memory");
+#endif
+}
 
 __host__ __device__ constexpr int dec_ceil_sqrt(int n) {
   int r = 1;
@@ -551,22 +608,26 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
   const uint32_t po_s = (uint32_t)__cvta_generic_to_shared(cs.po_in);
   const uint32_t ml_s = (uint32_t)__cvta_generic_to_shared(&cs.ml_in[0][0]);
   const uint32_t am_s = (uint32_t)__cvta_generic_to_shared(cs.amax_in);
+  const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(&cs.bar[0]);
+  const uint32_t bar1 = (uint32_t)__cvta_generic_to_shared(&cs.bar[1]);
+  const int lo = rank * span, hi = min(per, lo + span);
+  cluster_wait_acquire();  // every CTA's barriers initialised (the arrival at the kernel's start)
+  // Bytes this CTA receives: its slice from every CTA, every CTA's (m, l).
+  if (tid == 0) dec_mbar_expect(bar0, (uint32_t)(CL * ((hi - lo) * 16 + G * 8)));
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int idx = tid + NTHR * k;
     if (idx < per) {
       const int o = idx / span;
-      st_dsmem_f4(po_s + (uint32_t)(rank * span + idx - o * span) * 16u, o, acc[k]);
+      dec_st_async_f4(po_s + (uint32_t)(rank * span + idx - o * span) * 16u, o, bar0, acc[k]);
     }
   }
   for (int q = tid; q < G * CL; q += NTHR) {
     const int dst = q / G, r = q - dst * G;
-    st_dsmem_f2(ml_s + (uint32_t)(rank * kDecodeMaxGroup + r) * 8u, dst, make_float2(sh.M[r], sh.L[r]));
+    dec_st_async_f2(ml_s + (uint32_t)(rank * kDecodeMaxGroup + r) * 8u, dst, bar0, make_float2(sh.M[r], sh.L[r]));
   }
-  cluster_arrive_release();
-  cluster_wait_acquire();
+  dec_mbar_wait_cluster(bar0, 0);
   dec_stamp(8);
-  const int lo = rank * span, hi = min(per, lo + span);
   float4 y[2];
   float amax = 0.f;
 #pragma unroll
@@ -594,12 +655,14 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
     }
   }
   dec_stamp(9);
-  if (a.out_q) {  // (uniform over the cluster; without it the first barrier was the last)
+  if (a.out_q) {  // (uniform over the cluster)
     amax = block_reduce(amax, sh.red, MaxOp());  // uniform over the CTA
-    for (int d = tid; d < CL; d += NTHR) st_dsmem_f32(am_s + (uint32_t)rank * 4u, d, amax);
-    cluster_arrive_release();  // the maxima pushed; no remote access after this barrier
-    cluster_wait_acquire();
+    if (tid == 0) dec_mbar_expect(bar1, (uint32_t)(CL * 4));
+    for (int d = tid; d < CL; d += NTHR) dec_st_async_f1(am_s + (uint32_t)rank * 4u, d, bar1, amax);
+    dec_mbar_wait_cluster(bar1, 0);
   }
+  // No barrier at the end: every push into this CTA has landed (its waits),
+  // and its own pushes need nothing of it after they are issued.
   dec_stamp(10);
   float* outp = a.out ? a.out + ((int64_t)row * a.n_q_heads + (int64_t)kvh * G) * kDecD : nullptr;
   if (outp) {
@@ -706,8 +769,21 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
   constexpr int WB = dec_warp_bytes<S, F8>();
   extern __shared__ __align__(1024) unsigned char dsmem[];
   __shared__ DecShared sh;
+  __shared__ std::conditional_t<CLU, DecClusterShared, char> cs;
   pdl_launch_dependents();  // o_proj's weights may start streaming under this kernel
   dec_stamp(0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CLU) {
+    // The merge's transaction barriers, initialised and published to the
+    // cluster now (the arrival relaxed; dec_cluster_final waits for it).
+    if (threadIdx.x == 0) {
+      dec_mbar_init((uint32_t)__cvta_generic_to_shared(&cs.bar[0]));
+      dec_mbar_init((uint32_t)__cvta_generic_to_shared(&cs.bar[1]));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+  }
+#endif
   const int split = blockIdx.x, kvh = blockIdx.y, seq = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
@@ -1023,7 +1099,6 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     return;
   }
   if constexpr (CLU) {
-    __shared__ DecClusterShared cs;
     dec_cluster_final<kDecThreads>(a, G, row, kvh, split, a.max_splits, n_act, acc, sh, cs);
     dec_stamp(7);
     return;
