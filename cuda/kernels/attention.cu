@@ -1270,13 +1270,16 @@ cudaError_t dec_dispatch(const DecodeAttnArgs& a, const DecParams& p, const Devi
     // (2026-11-28, batch 4, us, 33 splits merged by the last CTA -> 16 in a
     // cluster): 2k 11.44 -> 9.78, 4k 15.24 -> 11.52, 8k 18.00 -> 14.38, 16k
     // 21.76 -> 20.80, but 32k 31.48 -> 33.61, where 64 SMs stream too slowly.
-    // Not at batch 1 (the step runs attn_layer_t1 there), whose 128 splits
-    // stay ahead from 16k keys (19.9 against 32.3 us at 32k).
+    // Batch 1 too since the 8-warp CTAs and the pushed merge (the step runs
+    // attn_layer_t1 there; other one-sequence launches take this): 16 splits
+    // in a cluster against the policy's 128 merged by the last CTA, H200
+    // 2026-11-30, us: 1k 7.55 / 9.06, 2k 8.34 / 9.97, 4k 10.01 / 13.03, 8k
+    // 11.97 / 12.97, 16k 15.35 / 15.29, but 32k 22.06 / 18.07.
     // Where 2-8 clusters of 16 do not fit at once (6 and 8 sequences on an
     // H200), clusters of 8: decode step batch 6 8.65 -> 8.23 ms, 8 9.51 ->
     // 8.99 (the policy's 16 or 22 splits merged by the last CTA before).
     // (Clusters of 8 from the policy's 8-14 splits, batches 10-16: unchanged.)
-    if (mode == 0 && a.max_splits >= kDecMaxCluster && pairs >= 2) {
+    if (mode == 0 && a.max_splits >= kDecMaxCluster && pairs >= 1) {
       DecodeAttnArgs c = a;
       for (int cl = kDecMaxCluster; cl >= 8; cl /= 2) {
         c.max_splits = cl;
