@@ -587,18 +587,21 @@ __device__ void dec_write_final(const DecodeAttnArgs& a, int G, int row, int kvh
 }
 
 // The cluster form's merge (n_act > 1). CTA `rank` of `CL` owns the float4s
-// [rank * span, +span) of the row: every CTA pushes each float4 of its
-// partial O into its owner's shared memory, and its (m, l) into every CTA's,
-// by distributed-shared-memory stores; after a cluster barrier each owner
-// merges its slice from local copies — the same operations in the same
+// [rank * span, +span) of the row (span = G * 32 / CL exactly: CL divides 32).
+// Every CTA, those without keys too, pushes each float4 of its partial O into
+// its owner's shared memory and its (m, l) into every CTA's with st.async,
+// counted on the receiver's transaction barrier bar[0] (initialised at the
+// kernel's start, published by a relaxed cluster arrival that the first wait
+// here pairs with); each owner waits for its CL slices and CL (m, l) sets,
+// merges its slice from the local copies — the same operations in the same
 // order as dec_merge + dec_write_final, so the same bits as the workspace
-// form with one merge level — pushes its slice maximum to every CTA, and
-// after a second barrier writes its slice (FP32, and FP8 with the row's
-// scale from the maxima). No remote loads and no third barrier: an owner
-// reading remote partials after the first barrier, and the maxima after the
-// second, had cost ~2 us of a ~3.7 us merge (H200 probe, batch 4 / 4k).
-// The global stores come after the last barrier, whose release (a GPU-scope
-// membar on sm_90) then waits for none of them.
+// form with one merge level — and pushes its slice maximum to every CTA
+// (bar[1]) for the row's FP8 scale. No remote loads, no fence, and no cluster
+// barrier on the data's way or at the end: every push into a CTA has landed
+// before its waits return, and a CTA needs nothing of the others after its
+// own pushes are issued. H200 probe, batch 4 / 4k, the merge (warps merged
+// -> exit): 3.8 us reading remote partials after a barrier, 3.2 pushing them
+// before barriers, 2.6 like this (docs/perf.md 2026-11-30).
 template <int NTHR>
 __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int kvh, int rank, int CL, int n_act,
                                   const float4 (&acc)[4], DecShared& sh, DecClusterShared& cs) {

@@ -1,7 +1,7 @@
 // attn_check — checks attention_decode (cuda/kernels/attention.cu) against a
 // float64 CPU reference of paged attention on fresh random inputs, and times it.
 //
-//   attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--json FILE]
+//   attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--probe] [--json FILE]
 //
 // Correctness (default): random Q/K/V with per-sequence scales, shuffled block
 // ids, unused cache slots filled with NaN (a read past a context shows), ctx 0
@@ -1060,7 +1060,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--cold")) do_cold = only_bench = true;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else {
-      fprintf(stderr, "usage: attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--json FILE]\n");
+      fprintf(stderr, "usage: attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--probe] [--json FILE]\n");
       return 2;
     }
   }
