@@ -941,9 +941,9 @@ static void bench(const char* json) {
 // start, min / median / max over the CTAs that streamed keys, of one launch
 // after warm-up. Stamps: 0 start, 1 metadata + block ids, 2 grid wait, 3 Q
 // in registers, 4 first tile landed (warp 0), 5 loop done (warp 0), 6 warps
-// merged, 7 exit; merges: cluster 8 first barrier passed, 9 slice merged and
-// stored, 10 second barrier passed; workspace (the last CTA) 8 counted last, 9
-// partials merged.
+// merged, 7 exit; merges: cluster 8 the pushed partials landed, 9 slice
+// merged, 10 the slice maxima landed; workspace (the last CTA) 8 counted
+// last, 9 partials merged.
 static void probe() {
   printf("\nattention_decode phases (us from the first CTA's start: min / median / max over CTAs with keys)\n");
   const char* names[11] = {"start", "ids", "wait", "Q", "tile0", "loop", "wmerge", "exit", "m8", "m9", "m10"};
