@@ -352,73 +352,16 @@ struct DecShared {
   int flag;
 };
 
-// The cluster form's hand-off: each CTA's partial row in its own shared
-// memory, read by the cluster's CTAs through distributed shared memory.
-// Pushed into by every CTA of the cluster (dec_cluster_final): this CTA's
-// slice of the row from each, [source rank][float4 of the slice]; every
-// CTA's (m, l) per head; every CTA's slice maximum.
+// The cluster form's merge (dec_cluster_final), pushed into by every CTA of
+// the cluster: this CTA's slice of the row from each, [source rank][float4 of
+// the slice]; every CTA's (m, l) per head; every CTA's slice maximum.
+static_assert(32 % kDecMaxCluster == 0, "a cluster of 2-16 CTAs splits every row (G * 32 float4s) evenly");
 struct DecClusterShared {
-  float4 po_in[kDecodeMaxGroup * 32 + kDecMaxCluster];  // rank * span + j (O unnormalised)
-  float2 ml_in[kDecMaxCluster][kDecodeMaxGroup];        // (m, l), m in log2 units
-  float amax_in[kDecMaxCluster];                        // max |y| over each CTA's slice
+  float4 po_in[kDecodeMaxGroup * 32];  // rank * span + j, CL * span = G * 32 (O unnormalised)
+  float2 ml_in[kDecMaxCluster][kDecodeMaxGroup];  // (m, l), m in log2 units
+  float amax_in[kDecMaxCluster];                  // max |y| over each CTA's slice
   uint64_t bar[2];  // complete when every CTA's pushes (partials + (m, l); maxima) have landed
 };
-
-// The cluster merge's transaction barriers and asynchronous remote stores
-// (sm_90): st.async writes into CTA `rank`'s shared memory at the offset of
-// a local address and counts its bytes on that CTA's barrier at the offset
-// of local `bar`; the receiver waits for the bytes it expects. No fence, no
-// cluster barrier on the data's way.
-__device__ __forceinline__ void dec_mbar_init(uint32_t bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-#endif
-}
-__device__ __forceinline__ void dec_mbar_expect(uint32_t bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-#endif
-}
-__device__ __forceinline__ void dec_mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n.reg .pred p;\nDEC_WAIT:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
-      "@p bra DEC_DONE;\nbra DEC_WAIT;\nDEC_DONE:\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-#endif
-}
-__device__ __forceinline__ uint32_t dec_mapa(uint32_t addr, int rank) {
-  uint32_t remote = addr;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-#endif
-  return remote;
-}
-__device__ __forceinline__ void dec_st_async_f4(uint32_t addr, int rank, uint32_t bar, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
-                   dec_mapa(addr, rank)),
-               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(dec_mapa(bar, rank))
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void dec_st_async_f2(uint32_t addr, int rank, uint32_t bar, float2 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
-                   dec_mapa(addr, rank)),
-               "f"(v.x), "f"(v.y), "r"(dec_mapa(bar, rank))
-               : "memory");
-#endif
-}
-__device__ __forceinline__ void dec_st_async_f1(uint32_t addr, int rank, uint32_t bar, float v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(dec_mapa(addr, rank)),
-               "f"(v), "r"(dec_mapa(bar, rank))
-               : "memory");
-#endif
-}
 
 __host__ __device__ constexpr int dec_ceil_sqrt(int n) {
   int r = 1;
@@ -616,20 +559,20 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
   const int lo = rank * span, hi = min(per, lo + span);
   cluster_wait_acquire();  // every CTA's barriers initialised (the arrival at the kernel's start)
   // Bytes this CTA receives: its slice from every CTA, every CTA's (m, l).
-  if (tid == 0) dec_mbar_expect(bar0, (uint32_t)(CL * ((hi - lo) * 16 + G * 8)));
+  if (tid == 0) tx_bar_expect(bar0, (uint32_t)(CL * ((hi - lo) * 16 + G * 8)));
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const int idx = tid + NTHR * k;
     if (idx < per) {
       const int o = idx / span;
-      dec_st_async_f4(po_s + (uint32_t)(rank * span + idx - o * span) * 16u, o, bar0, acc[k]);
+      st_async_f4(po_s + (uint32_t)(rank * span + idx - o * span) * 16u, o, bar0, acc[k]);
     }
   }
   for (int q = tid; q < G * CL; q += NTHR) {
     const int dst = q / G, r = q - dst * G;
-    dec_st_async_f2(ml_s + (uint32_t)(rank * kDecodeMaxGroup + r) * 8u, dst, bar0, make_float2(sh.M[r], sh.L[r]));
+    st_async_f2(ml_s + (uint32_t)(rank * kDecodeMaxGroup + r) * 8u, dst, bar0, make_float2(sh.M[r], sh.L[r]));
   }
-  dec_mbar_wait_cluster(bar0, 0);
+  tx_bar_wait_cluster(bar0, 0);
   dec_stamp(8);
   float4 y[2];
   float amax = 0.f;
@@ -660,9 +603,9 @@ __device__ void dec_cluster_final(const DecodeAttnArgs& a, int G, int row, int k
   dec_stamp(9);
   if (a.out_q) {  // (uniform over the cluster)
     amax = block_reduce(amax, sh.red, MaxOp());  // uniform over the CTA
-    if (tid == 0) dec_mbar_expect(bar1, (uint32_t)(CL * 4));
-    for (int d = tid; d < CL; d += NTHR) dec_st_async_f1(am_s + (uint32_t)rank * 4u, d, bar1, amax);
-    dec_mbar_wait_cluster(bar1, 0);
+    if (tid == 0) tx_bar_expect(bar1, (uint32_t)(CL * 4));
+    for (int d = tid; d < CL; d += NTHR) st_async_f32(am_s + (uint32_t)rank * 4u, d, bar1, amax);
+    tx_bar_wait_cluster(bar1, 0);
   }
   // No barrier at the end: every push into this CTA has landed (its waits),
   // and its own pushes need nothing of it after they are issued.
@@ -780,8 +723,8 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     // The merge's transaction barriers, initialised and published to the
     // cluster now (the arrival relaxed; dec_cluster_final waits for it).
     if (threadIdx.x == 0) {
-      dec_mbar_init((uint32_t)__cvta_generic_to_shared(&cs.bar[0]));
-      dec_mbar_init((uint32_t)__cvta_generic_to_shared(&cs.bar[1]));
+      tx_bar_init((uint32_t)__cvta_generic_to_shared(&cs.bar[0]));
+      tx_bar_init((uint32_t)__cvta_generic_to_shared(&cs.bar[1]));
       asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");

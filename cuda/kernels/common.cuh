@@ -391,29 +391,22 @@ __device__ __forceinline__ void cluster_wait_acquire() {
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
+// The shared::cluster address of CTA `rank`'s shared memory at the offset of
+// local shared address `addr`.
+__device__ __forceinline__ uint32_t dsmem_addr(uint32_t addr, int rank) {
+  uint32_t remote = addr;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
+#endif
+  return remote;
+}
+
 // 4 bytes of CTA `rank`'s shared memory at the offset of local shared address
 // `addr` (volatile: not moved across the cluster barriers).
 __device__ __forceinline__ float ld_dsmem_f32(uint32_t addr, int rank) {
   float v = 0.f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-#endif
-  return v;
-}
-
-// 16 bytes of CTA `rank`'s shared memory at the offset of local shared
-// address `addr` (as ld_dsmem_f32).
-__device__ __forceinline__ float4 ld_dsmem_f4(uint32_t addr, int rank) {
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote)
-               : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(dsmem_addr(addr, rank)) : "memory");
 #endif
   return v;
 }
@@ -423,26 +416,58 @@ __device__ __forceinline__ float4 ld_dsmem_f4(uint32_t addr, int rank) {
 // barrier.cluster.arrive.release).
 __device__ __forceinline__ void st_dsmem_f32(uint32_t addr, int rank, float v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(remote), "f"(v) : "memory");
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(dsmem_addr(addr, rank)), "f"(v) : "memory");
 #endif
 }
 
-// The same for 8 and 16 bytes.
-__device__ __forceinline__ void st_dsmem_f2(uint32_t addr, int rank, float2 v) {
+// Transaction barriers and asynchronous remote stores (sm_90; any sm_90
+// target, unlike hopper.cuh's wgmma-guarded pipeline helpers). st.async
+// writes into CTA `rank`'s shared memory at the offset of local `addr` and
+// counts its bytes on that CTA's mbarrier at the offset of local `bar`; the
+// receiver, having posted the bytes it expects (tx_bar_expect), waits for
+// them (tx_bar_wait_cluster: acquire at cluster scope, the stores' release
+// side). No fence and no cluster barrier on the data's way.
+__device__ __forceinline__ void tx_bar_init(uint32_t bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};" ::"r"(remote), "f"(v.x), "f"(v.y) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
 #endif
 }
-__device__ __forceinline__ void st_dsmem_f4(uint32_t addr, int rank, float4 v) {
+__device__ __forceinline__ void tx_bar_expect(uint32_t bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(remote), "f"(v.x), "f"(v.y), "f"(v.z),
-               "f"(v.w)
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void tx_bar_wait_cluster(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n.reg .pred p;\nTXB_WAIT:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+      "@p bra TXB_DONE;\nbra TXB_WAIT;\nTXB_DONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+#endif
+}
+__device__ __forceinline__ void st_async_f4(uint32_t addr, int rank, uint32_t bar, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   dsmem_addr(addr, rank)),
+               "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(dsmem_addr(bar, rank))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void st_async_f2(uint32_t addr, int rank, uint32_t bar, float2 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];" ::"r"(
+                   dsmem_addr(addr, rank)),
+               "f"(v.x), "f"(v.y), "r"(dsmem_addr(bar, rank))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void st_async_f32(uint32_t addr, int rank, uint32_t bar, float v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" ::"r"(
+                   dsmem_addr(addr, rank)),
+               "f"(v), "r"(dsmem_addr(bar, rank))
                : "memory");
 #endif
 }
