@@ -42,6 +42,8 @@ def bench_shapes():
             out.append((b, c))
         if b <= 16:
             out.append((b, 32768))
+    # Around attention_decode's short context class's bound (as attn_check).
+    out += [(16, c) for c in (3072, 5120, 6144)]
     return out
 
 

@@ -1295,6 +1295,33 @@ static int dec_eff_splits(int n_seqs, int n_kv_heads, int max_splits) {
   return (long long)n_seqs * n_kv_heads > kDecMaxPairs ? 1 : max_splits;
 }
 
+// The short-context form: 9-16 (sequence, KV head) pairs of 8 splits (the
+// policy's for batch 16), BF16 cache, in clusters of 8 at 2 stages — 64 KB a
+// CTA, so that 16 such clusters fit the device at once (at 3-4 stages they do
+// not) — instead of the last CTA's merge at 4 stages: a cheaper merge against
+// a shallower ring. Same splits, same bits. H200, 2026-11-30, attn_check
+// --bench, batch 16, us, this form / the last-CTA merge: 1k 9.24 / 10.67, 2k
+// 10.89 / 13.52, 4k 15.21 / 16.45, 6k 19.70 / 19.76, 8k 24.12 / 23.26, 16k
+// 41.72 / 39.02; in the decode step (PDL, the last-CTA form padded to one CTA
+// an SM), ms, batch 16: 1k 11.45 -> 11.0, 2k 11.6 -> 11.2, 4k 11.9 -> 11.6,
+// 8k 12.7 -> 12.4, 10k 12.8 -> 12.7, 12k 13.15 -> 13.15, 16k 13.9 -> 14.0,
+// 32k 16.5 -> 17.0 — hence kDecShortMaxCtx.
+static bool dec_short_form(long long pairs, int max_splits, bool f8) {
+  return !f8 && max_splits == 8 && pairs >= 9 && pairs <= 16;
+}
+
+int decode_attention_ctx_class(int n_seqs, int n_kv_heads, int max_splits, bool kv_fp8, int max_ctx) {
+  if (n_seqs <= 0 || n_kv_heads <= 0) return kDecCtxAny;
+  max_splits = dec_eff_splits(n_seqs, n_kv_heads, max_splits);
+  const long long pairs = (long long)n_seqs * n_kv_heads;
+  // (A long class for the small batches' clusters of 16, the policy's splits
+  // past 16k keys, was measured and dropped: faster in the kernel bench at
+  // batch 2 from 24k and batch 8 from 16k, but in the step, H200 2026-11-30,
+  // ms, batch 2 / 20k 6.50 -> 6.77, 4 / 20k 7.78 -> 8.31, 4 / 32k 8.43 ->
+  // 8.79, only 2 / 32k 7.20 -> 6.98.)
+  return dec_short_form(pairs, max_splits, kv_fp8) && max_ctx <= kDecShortMaxCtx ? kDecCtxShort : kDecCtxAny;
+}
+
 size_t decode_attention_workspace_bytes(int n_seqs, int n_q_heads, int n_kv_heads, int max_splits) {
   if (n_seqs <= 0 || n_kv_heads <= 0 || n_q_heads <= 0 || n_q_heads % n_kv_heads != 0) return 0;
   max_splits = dec_eff_splits(n_seqs, n_kv_heads, max_splits);
@@ -1318,6 +1345,7 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
          : (!a.k_cache || !a.v_cache))
     return cudaErrorInvalidValue;
   if (!a.q || !a.q_row || !a.ctx_len || !a.bt_offset || !a.block_tables) return cudaErrorInvalidValue;
+  if (a.ctx_class != kDecCtxAny && a.ctx_class != kDecCtxShort) return cudaErrorInvalidValue;
   a.max_splits = dec_eff_splits(a.n_seqs, a.n_kv_heads, a.max_splits);
   if (a.max_splits > 1 && !a.workspace) return cudaErrorInvalidValue;
   const DecTuning& tu = g_dec_tuning;
@@ -1341,6 +1369,16 @@ cudaError_t attention_decode(const DecodeAttnArgs& args, cudaStream_t st) {
   const cudaError_t de = device_info(dev, dd);
   if (de != cudaSuccess) return de;
   const DecShape shp = dec_shape(a, dd);
+  // Short contexts (the host's ctx_class) at 9-16 pairs of 8 splits: clusters
+  // of 8 at 2 stages (dec_short_form), unpadded (padded to one CTA an SM the 16
+  // clusters would not fit), where the default knobs are in force.
+  if (a.ctx_class == kDecCtxShort && dec_short_form((long long)a.n_seqs * a.n_kv_heads, a.max_splits, f8) &&
+      tu.cluster == 0 && tu.stages == 0 && tu.warps == 0) {
+    DecodeAttnArgs c = a;
+    c.one_per_sm = 0;
+    if (dec_cluster_capacity<2, 4, false>(c, dd, dev) >= a.n_seqs * a.n_kv_heads)
+      return dec_launch<2, 4, true, false>(c, p, dd, st);
+  }
   if (f8) {
     if (dd.major < 9) return cudaErrorInvalidValue;  // the FP8 cache is an sm_90 path (kernels.h)
     switch (shp.stages) {

@@ -344,7 +344,19 @@ struct DecodeAttnArgs {
   // kernel ahead finishes, then spread over the SMs instead of packing two to
   // an SM on those the kernel ahead leaves free.
   int one_per_sm = 0;
+  // What the host knows of the launch's longest context, a hint for the launch
+  // form only (the results are the same bits for any contexts):
+  // kDecCtxAny, or kDecCtxShort (every ctx_len <= kDecShortMaxCtx). The runtime
+  // takes it from decode_attention_ctx_class and keeps a CUDA graph per class.
+  int ctx_class = 0;
 };
+constexpr int kDecCtxAny = 0, kDecCtxShort = 1;
+constexpr int kDecShortMaxCtx = 10240;
+// The ctx_class a launch of n_seqs sequences with max_splits splits should
+// carry when its longest context is max_ctx: kDecCtxAny where the launch form
+// of this shape does not depend on it, so that a caller keying CUDA graphs by
+// the class captures a second graph only where it pays.
+int decode_attention_ctx_class(int n_seqs, int n_kv_heads, int max_splits, bool kv_fp8, int max_ctx);
 // Split policy (host): the most CTAs per (sequence, KV head) for a batch of
 // n_seqs on num_sms multiprocessors. Independent of context lengths, which the
 // kernel reads on the device (short contexts use fewer of the splits).

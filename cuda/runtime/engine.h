@@ -196,6 +196,11 @@ struct MetaLayout {
   size_t total;
 };
 
+// Decode-attention context classes a bucket's graphs are kept for
+// (glmk::kDecCtxAny, kDecCtxShort).
+constexpr int kCtxClasses = 2;
+static_assert(glmk::kDecCtxShort < kCtxClasses, "a graph slot per context class");
+
 // One captured decode step (tensor_parallel 1): embedding to logits for a
 // batch of `bucket` sequences of one token each.
 struct StepGraph {
@@ -270,9 +275,11 @@ struct Engine {
   size_t dec_ws_bytes = 0, router_ws_bytes = 0;
   bool graphs = false;          // capture pure-decode steps (options.disable_graphs == 0, TP1)
   std::vector<int> buckets;     // batch sizes graphs are captured for, ascending
-  std::vector<StepGraph> step_graphs;       // one per bucket
+  // Graphs of pure-decode steps, per bucket and context class (step.cu
+  // graph_index: bucket * kCtxClasses + glmk::kDecCtx*).
+  std::vector<StepGraph> step_graphs;
   std::vector<StepGraph> prof_graphs;       // profiling variants (events inside)
-  std::vector<StepGraph> draft_graphs;      // the draft pass of a graph step, per bucket
+  std::vector<StepGraph> draft_graphs;      // the draft pass of a graph step
   std::vector<StepGraph> chain_graphs;      // the chained draft passes, per bucket of proposers and pass count
   Profiler prof;
   PendingStep* pending = nullptr;  // step_state_create; its `active` is set between begin and finish

@@ -577,9 +577,12 @@ int create_engine(Engine& e) {
     b = b < 8 ? b * 2 : b < 64 ? b + 8 : b < 128 ? b + 16 : b + 32;
   }
   if (e.buckets.back() != e.max_seqs) e.buckets.push_back(e.max_seqs);
-  e.step_graphs.assign(e.buckets.size(), StepGraph{});
-  e.prof_graphs.assign(e.buckets.size(), StepGraph{});
-  e.draft_graphs.assign(e.buckets.size(), StepGraph{});
+  // ... and per decode-attention context class (glmk::kDecCtx*; step.cu
+  // graph_index): most buckets only ever use the first.
+  const size_t keys = e.buckets.size() * kCtxClasses;
+  e.step_graphs.assign(keys, StepGraph{});
+  e.prof_graphs.assign(keys, StepGraph{});
+  e.draft_graphs.assign(keys, StepGraph{});
   e.chain_graphs.assign(e.buckets.size() * std::max(0, e.draft_k - 1), StepGraph{});  // per bucket, pass count
   e.attn_seqs.reserve(e.max_seqs);
   e.attn_seq_index.reserve(e.max_seqs);

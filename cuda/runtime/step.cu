@@ -42,6 +42,9 @@ struct Meta {
   int pf_rows = 0, pf_parts = 0;  // attention_prefill plan (e.prefill_tc): rows per item, split pieces
   int n_dec = 0;      // sequences attention_decode takes (graph: the bucket, padded)
   int dec_splits = 1;
+  // The decode attention's context class (glmk::decode_attention_ctx_class of
+  // the step's longest decode context): part of the graph key (graph_index).
+  int ctx_class = glmk::kDecCtxAny;
   bool dec_quant = false;  // attention_decode also writes the FP8 attention output
   size_t items, merges, samples, pen_row, pen_tok, pen_prompt, pen_output, seg_begin, seg_end, masks;
   size_t a_bytes = 0, b_bytes = 0;  // bytes of region A / B to copy (B: up to the masks)
@@ -56,6 +59,10 @@ struct Meta {
   int chunk_pen[2 * 1024 + 2];
   int chunk_seg[2 * 1024 + 2];
 };
+
+// A graph step's key: its bucket and its decode attention's context class
+// (the launch form differs between classes, the captured graph with it).
+int graph_index(const Meta& m) { return m.bucket * kCtxClasses + m.ctx_class; }
 
 template <typename T>
 T* at(unsigned char* base, size_t off) {
@@ -364,6 +371,14 @@ int pack(Engine& e, const glmrt_batch& b, Meta& m) {
   m.dec_splits = m.n_dec > 0 ? glmk::decode_attention_splits(bucket_rows(e, m.n_dec), e.d.nkv_l,
                                                             e.ranks[0].num_sms, e.kv8)
                              : 1;
+  // The context class from the real rows' longest context, for the launch's
+  // own sequence count (a graph's: the bucket), so that the graph and the
+  // eager step of a batch choose the same attention form.
+  if (m.n_dec > 0) {
+    int max_ctx = 0;
+    for (int i = 0; i < m.n_dec; ++i) max_ctx = std::max(max_ctx, dc[i]);
+    m.ctx_class = glmk::decode_attention_ctx_class(m.n_dec, e.d.nkv_l, m.dec_splits, e.kv8, max_ctx);
+  }
   // The decode kernel writes the FP8 attention output itself when it covers
   // every row and a token's heads all sit under one KV head.
   m.dec_quant = m.n_dec > 0 && e.attn_seqs.empty() && e.d.nkv_l == 1;
@@ -1054,6 +1069,7 @@ int attention_block(Engine& e, Rank& r, int l, const Meta& m) {
     a.bt_offset = at<int>(M, m.rm.dec_bt);
     a.block_tables = at<int>(M, ML.bt);
     a.max_splits = m.dec_splits;
+    a.ctx_class = m.ctx_class;
     a.out = r.attn;
     if (m.dec_quant) {
       a.out_q = r.xq;
@@ -1758,7 +1774,7 @@ int bucket_index(const Engine& e, int n) {
 // batch 1-8: its time is its kernels). The chained passes (~15 launches each)
 // are captured likewise. Not while profiling (events between launches).
 int draft_pass(Engine& e, Rank& r, const Meta& m, int* drafts_h) {
-  StepGraph* g = (m.graph && !e.prof.on) ? &e.draft_graphs[m.bucket] : nullptr;
+  StepGraph* g = (m.graph && !e.prof.on) ? &e.draft_graphs[graph_index(m)] : nullptr;
   GLMRT_TRY(run_graphed(r, g, "draft pass", [&] { return draft_forward(e, r, m); }));
   if (m.n_spec == 0) return GLMRT_OK;
   const int P = m.max_propose;
@@ -1974,7 +1990,7 @@ static int step_begin_checked(Engine& e, const glmrt_batch& b) {
   GLMRT_CUDA(cudaSetDevice(r.device), "cudaSetDevice");
   StepGraph* g = nullptr;
   if (m.graph) {
-    g = &(p.on ? e.prof_graphs : e.step_graphs)[m.bucket];
+    g = &(p.on ? e.prof_graphs : e.step_graphs)[graph_index(m)];
     if (!g->exec && g->seen++ >= 1) GLMRT_TRY(capture(e, m, *g));
   }
   if (g && g->exec) {

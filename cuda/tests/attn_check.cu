@@ -380,6 +380,24 @@ static void run_case(const CaseCfg& c) {
       report("  cluster = workspace", what, eq ? 0 : 1, 0);
     }
   }
+  // The short-context class, whatever the real contexts (the hint chooses the
+  // form, never the result): the same bits as without it.
+  if (decode_attention_ctx_class(P.n, P.n_kv, splits, false, 0) == kDecCtxShort) {
+    const std::string cw = what + " class short";
+    DecodeAttnArgs a = D.args(P, splits, c.fp8, true, ws);
+    a.ctx_class = kDecCtxShort;
+    D.poison();
+    CK(attention_decode(a, 0));
+    CK(cudaDeviceSynchronize());
+    dirty.push_back(dirty_counters(g_ws, g_ws_bytes));
+    const auto o = D.out.down();
+    const auto oq = D.out_q.down();
+    const auto os = D.out_scale.down();
+    check_outputs("attention_decode", cw, P, ref, o, c.fp8 ? &oq : nullptr, c.fp8 ? &os : nullptr);
+    bool eq = same_bits(o.data(), out1.data(), o.size() * 4);
+    if (c.fp8) eq = eq && same_bits(oq.data(), oq1.data(), oq.size()) && same_bits(os.data(), os1.data(), os.size() * 4);
+    report("  short class = default", cw, eq ? 0 : 1, 0);
+  }
   if (c.fp8) {
     // FP8 only (out == nullptr): the same codes and scales, out untouched.
     D.poison();
@@ -862,6 +880,8 @@ static std::vector<std::pair<int, int>> bench_shapes() {
     for (int C : {1024, 2048, 4096, 8192, 16384}) v.push_back({B, C});
     if (B <= 16) v.push_back({B, 32768});
   }
+  // Around the short context class's bound (kDecShortMaxCtx).
+  for (int C : {3072, 5120, 6144}) v.push_back({16, C});
   return v;
 }
 
@@ -872,8 +892,9 @@ static void bench(const char* json) {
   printf("ws_us: the workspace merge forced; cl_us: the cluster merge forced, with the splits shown (16 where\n"
          "the policy asks more)\n");
   printf("w4_us: the same launch with 4 warps a CTA (the form before 8-warp CTAs)\n");
-  printf("%-12s %9s %9s %7s %7s %6s %9s %9s %9s %9s\n", "shape", "us", "KV_MB", "TB/s", "%peak", "splits", "w4_us",
-         "ws_us", "cl_us(sp)", "old_us");
+  printf("cls_us: the launch with the short context class where this shape has one (S), forced\n");
+  printf("%-12s %9s %9s %7s %7s %6s %9s %9s %9s %9s %9s\n", "shape", "us", "KV_MB", "TB/s", "%peak", "splits", "w4_us",
+         "ws_us", "cl_us(sp)", "cls_us", "old_us");
   const std::vector<std::pair<int, int>> old_shapes = {{1, 2048}, {16, 8192}, {64, 2048},
                                                        {64, 8192}, {256, 2048}, {256, 8192}};
   std::vector<BenchResult> res;
@@ -910,10 +931,22 @@ static void bench(const char* json) {
     decode_attention_set_tuning(&t);
     const double w4_us = time_decode(S, splits, ws.p, 30);
     decode_attention_set_tuning(&cur);
+    // The short class's form forced where this shape has one (whatever C).
+    const int cls = decode_attention_ctx_class(B, 1, splits, false, 0);
+    double cls_us = 0;
+    if (cls != kDecCtxAny) {
+      const int graphs = (S.copies + 19) / 20;
+      cls_us = time_graphs(graphs, std::max(30, graphs), [&](int i, cudaStream_t st) {
+        DecodeAttnArgs a = bench_args(S, splits, ws.p, i);
+        a.ctx_class = cls;
+        CK(attention_decode(a, st));
+      });
+    }
     for (auto& o : old_shapes)
       if (o.first == B && o.second == C) r.old_us = time_old(S, 20);
-    printf("%-12s %9.2f %9.1f %7.3f %6.1f%% %6d %9.2f %9.2f %6.2f(%2d)", r.shape.c_str(), r.us, r.mb, r.tbs,
-           100 * r.tbs / kPeakTBs, r.splits, w4_us, ws_us, cl_us, csp);
+    printf("%-12s %9.2f %9.1f %7.3f %6.1f%% %6d %9.2f %9.2f %6.2f(%2d) %8.2f%c", r.shape.c_str(), r.us, r.mb, r.tbs,
+           100 * r.tbs / kPeakTBs, r.splits, w4_us, ws_us, cl_us, csp, cls_us,
+           cls == kDecCtxShort ? 'S' : '-');
     if (r.old_us > 0) printf(" %9.2f", r.old_us);
     printf("\n");
     fflush(stdout);

@@ -5,6 +5,7 @@ package cuda
 import (
 	"context"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -354,5 +355,111 @@ func TestTensorParallelManyRows(t *testing.T) {
 		}
 		t.Logf("batch %d: worst rel L2 to the sequences alone %.3g; 2 GPUs against 1: median %.3g, worst %.3g", n,
 			worst, med, cross[len(cross)-1])
+	}
+}
+
+// TestDecodeGraphsPerContextClass runs batches of 12 decode rows (the
+// bucket of 16, whose attention_decode launch depends on the longest context:
+// clusters of 8 when every context is at most 10,240 keys, the last CTA's
+// merge otherwise; docs/cuda.md) three times each — eager, captured, replayed
+// — once with every context short and once with one sequence past 10,240
+// keys. Each step's logits must equal the same batch's eager step bit for bit
+// (a graph per bucket and context class), and the eleven short sequences
+// common to both batches must have the same logits in the two classes (the
+// two attention forms sum in the same order).
+func TestDecodeGraphsPerContextClass(t *testing.T) {
+	lib, err := LibraryPath(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := DeviceCount(lib); err != nil || n == 0 {
+		t.Skipf("no CUDA device: %d, %v", n, err)
+	}
+	ctx := context.Background()
+	spec := synth.Spec{Base: "glm-4.7", Rank: 0, Ranks: 8, Layers: 2, DenseLayers: 1, Seed: 1}
+	const n, shortLen, longLen, bs = 12, 40, 10300, 16
+	const longBlocks = (longLen + 1 + bs - 1) / bs
+	b, err := OpenSynthetic(ctx, spec, Options{LibPath: lib, KVBlockSize: bs, NumKVBlocks: n*4 + longBlocks + 8,
+		MemoryBudget: 8 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	vocab := 18944
+	tokens := func(seed, count int) []int32 {
+		p := make([]int32, count)
+		for j := range p {
+			p[j] = int32((seed*7919 + j*104729 + 13) % vocab)
+		}
+		return p
+	}
+	// Sequences 0..n-1 short (4 blocks each), sequence n the long one.
+	table := func(i int) []int32 {
+		if i < n {
+			return []int32{int32(4 * i), int32(4*i + 1), int32(4*i + 2), int32(4*i + 3)}
+		}
+		bt := make([]int32, longBlocks)
+		for j := range bt {
+			bt[j] = int32(4*n + j)
+		}
+		return bt
+	}
+	promptLen := func(i int) int {
+		if i < n {
+			return shortLen
+		}
+		return longLen
+	}
+	for i := 0; i <= n; i++ {
+		p := tokens(i, promptLen(i))
+		for start := 0; start < len(p); start += 8192 { // the runtime's step limit
+			end := min(start+8192, len(p))
+			s := engine.StepSeq{SeqID: uint64(i + 1), Tokens: p[start:end], StartPos: start, BlockTable: table(i)}
+			if _, err := b.Step(ctx, &engine.StepBatch{Seqs: []engine.StepSeq{s}}); err != nil {
+				t.Fatalf("prefill %d: %v", i, err)
+			}
+		}
+	}
+	decode := func(i int) engine.StepSeq {
+		return engine.StepSeq{SeqID: uint64(i + 1), Tokens: []int32{int32((i*31337 + 7) % vocab)},
+			StartPos: promptLen(i), BlockTable: table(i), WantLogits: true}
+	}
+	// The same batch three times (its KV writes are the same each time).
+	run := func(name string, seqs []int) [][]float32 {
+		var first [][]float32
+		for rep := 0; rep < 3; rep++ {
+			batch := make([]engine.StepSeq, len(seqs))
+			for k, i := range seqs {
+				batch[k] = decode(i)
+			}
+			res, err := b.Step(ctx, &engine.StepBatch{Seqs: batch})
+			if err != nil {
+				t.Fatalf("%s step %d: %v", name, rep, err)
+			}
+			if rep == 0 {
+				for _, r := range res {
+					first = append(first, r.Logits)
+				}
+				continue
+			}
+			for k := range res {
+				if !slices.Equal(res[k].Logits, first[k]) {
+					t.Errorf("%s: step %d (graph) row %d differs from the eager step (rel L2 %.3g)", name, rep, k,
+						relL2(res[k].Logits, first[k]))
+				}
+			}
+		}
+		return first
+	}
+	shortSeqs := make([]int, n)
+	for i := range shortSeqs {
+		shortSeqs[i] = i
+	}
+	short := run("short contexts", shortSeqs)
+	mixed := run("one long context", append(slices.Clone(shortSeqs[:n-1]), n))
+	for k := 0; k < n-1; k++ {
+		if e := relL2(mixed[k], short[k]); e > 1e-6 {
+			t.Errorf("sequence %d: logits rel L2 %.3g between the two context classes' steps", k, e)
+		}
 	}
 }
