@@ -1250,7 +1250,17 @@ int decode_attention_splits(int n_seqs, int n_kv_heads, int num_sms, bool kv_fp8
   // 27.2 -> 24.6, 128 / 4k 51.4 -> 41.1, 64 / 16k 88.4 -> 76.4, 256 / 2k 39.4
   // -> 39.3, 16 / 4k and batch 1 unchanged.
   const long long target = (long long)num_sms * std::max(1, g_dec_tuning.ctas_per_sm) * (kv_fp8 ? 2 : 1);
-  const long long s = target / pairs;
+  long long s = target / pairs;
+  // Mid batches (BF16 cache, one CTA an SM): fewer splits than SMs / pairs,
+  // in clusters (dec_shape's forms for them). 5-7 splits (batch 17-26 on 132
+  // SMs) -> 4, 3-4 (batch 27-44) -> 2. H200, 2026-11-30, attn_check --forms,
+  // us, 1k / 2k / 4k / 8k / 16k, the policy -> these: batch 24 (5 splits, the
+  // last CTA's merge -> 4 in clusters of 4, 3 stages) 12.01 / 15.37 / 19.86 /
+  // 31.41 / 54.63 -> 10.12 / 12.76 / 18.33 / 29.98 / 53.52; batch 32 (4 -> 2,
+  // 8 warps) 13.28 / 16.20 / 22.72 / 38.08 / 68.63 -> 12.15 / 15.56 / 22.48 /
+  // 37.84 / 68.43; batch 40 (3 -> 2, 8 warps, 2 stages) 14.09 / 17.70 /
+  // 27.09 / 46.38 / 85.02 -> 11.83 / 16.37 / 26.19 / 46.13 / 85.29.
+  if (!kv_fp8 && g_dec_tuning.ctas_per_sm <= 1) s = s >= 5 && s <= 7 ? 4 : s >= 3 && s <= 4 ? 2 : s;
   return (int)std::max(1LL, std::min<long long>(s, kDecPolicyMaxSplits));
 }
 
@@ -1262,7 +1272,7 @@ static DecShape dec_shape(const DecodeAttnArgs& a, const DeviceInfo& dd) {
   const bool f8 = a.k_cache8 != nullptr;
   const bool one_wave = (int64_t)a.max_splits * a.n_kv_heads * a.n_seqs <= dd.sms;
   // Warps: 8 where the grid fits one wave of one CTA an SM and a pair has at
-  // most 2 splits (batch 44-132 at one KV head) or there is one pair (BF16
+  // most 2 splits (batch 27-132 at one KV head) or there is one pair (BF16
   // cache), else 4. A 4-warp CTA alone on an SM (one warp a scheduler)
   // streamed ~32 GB/s, so such grids read KV at <= 4.25 TB/s. H200,
   // 2026-11-30, attn_check --bench, us, 4 -> 8 warps: batch 64 / 4k 38.5 ->
@@ -1277,6 +1287,19 @@ static DecShape dec_shape(const DecodeAttnArgs& a, const DeviceInfo& dd) {
   if (warps != 4 && warps != 8) warps = !f8 && one_wave && (a.max_splits <= 2 || pairs == 1) ? 8 : 4;
   if (f8) warps = 4;
   int stages = g_dec_tuning.stages;
+  // Mid batches (decode_attention_splits): 8-warp CTAs of 2 splits at 2
+  // stages where they hold more than half the SMs (batch 33-66 on 132),
+  // 4-warp CTAs of 4 splits at 3. H200, 2026-11-30, attn_check --forms, us,
+  // 1k / 2k / 4k / 8k / 16k, 3 stages -> 2: batch 48 13.55 / 18.25 / 29.43 /
+  // 55.55 / 103.55 -> 12.55 / 17.79 / 28.93 / 52.01 / 98.36, 56 14.28 / 20.15
+  // / 32.63 / 60.22 / 113.63 -> 13.38 / 19.15 / 32.09 / 59.03 / 111.75, 64
+  // 15.14 / 21.17 / 35.45 / 64.26 / 124.83 -> 14.14 / 20.46 / 35.36 / 65.05 /
+  // 125.44; batch 24 at 4 splits, 4 stages -> 3: 10.66 / 13.32 / 18.49 /
+  // 30.04 / 53.06 -> 10.12 / 12.76 / 18.33 / 29.98 / 53.52.
+  if (stages == 0 && !f8 && one_wave) {
+    if (warps == 8 && a.max_splits == 2 && 2 * pairs * 2 > dd.sms) stages = 2;
+    if (warps == 4 && a.max_splits == 4 && pairs > 16) stages = 3;
+  }
   // The FP8 cache's stages hold half the bytes, and it runs twice the stages
   // of the depth: 3 (6 of 4 KB a warp) where the grid fits one wave, else 2
   // (4). H200, 2026-11-29, kvfp8_check --sweep, us, default (4 / 3) -> these:

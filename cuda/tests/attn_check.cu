@@ -1,7 +1,7 @@
 // attn_check — checks attention_decode (cuda/kernels/attention.cu) against a
 // float64 CPU reference of paged attention on fresh random inputs, and times it.
 //
-//   attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--probe] [--json FILE]
+//   attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--forms] [--cold] [--probe] [--json FILE]
 //
 // Correctness (default): random Q/K/V with per-sequence scales, shuffled block
 // ids, unused cache slots filled with NaN (a read past a context shows), ctx 0
@@ -21,7 +21,8 @@
 // µs per call, KV bytes, TB/s and % of 4.46 TB/s; the old path (attention_paged
 // + attention_merge) on a few shapes. --json FILE writes the bench rows.
 // --sweep: launch knobs (stages, split policy, min chunk, direct merge) on a
-// few shapes, fastest first.
+// few shapes, fastest first. --forms: at 16-64 sequences the policy's launch
+// against each cluster form (2, 4, 8 splits; 2-4 stages; 4 or 8 warps) forced.
 #include <atomic>
 #include <numeric>
 #include <thread>
@@ -1034,6 +1035,39 @@ static void probe() {
   }
 }
 
+// --forms: at 16-64 sequences, the policy's launch against every cluster
+// form (2, 4 or 8 splits a sequence, 2-4 stages, 4 or 8 warps) forced, µs.
+static void forms() {
+  printf("\nattention_decode forms at 16-64 sequences: policy (splits) | sp/st[w8]: a cluster of sp splits at st stages, 4 warps (w8: 8)\n");
+  DecodeAttnTuning def;
+  decode_attention_get_tuning(&def);
+  for (int B : {16, 24, 32, 40, 48, 56, 64})
+    for (int C : {1024, 2048, 4096, 8192, 16384}) {
+      const double bytes = (double)B * C * 2 * 128 * 2;
+      BenchSetup S(B, C, copies_for(bytes));
+      const int splits = decode_attention_splits(B, 1, g_num_sms);
+      Dev<uint8_t> ws(std::max<size_t>(1, decode_attention_workspace_bytes(B, 12, 1, 16)));
+      CK(cudaMemset(ws.p, 0, ws.n));
+      printf("b%d_c%d policy %.2f (%d)", B, C, time_decode(S, splits, ws.p, 30), splits);
+      for (int w : {4, 8})
+        for (int sp : {2, 4, 8})
+          for (int st : {2, 3, 4}) {
+            if (w == 8 && st == 4) continue;
+            DecodeAttnTuning t = def;
+            t.cluster = 2;
+            t.stages = st;
+            t.warps = w;
+            decode_attention_set_tuning(&t);
+            DecodeAttnArgs probe = bench_args(S, sp, ws.p, 0);
+            if (decode_attention_cluster_capacity(probe) >= B)
+              printf(" | %d/%d%s %.2f", sp, st, w == 8 ? "w8" : "", time_decode(S, sp, ws.p, 30));
+            decode_attention_set_tuning(&def);
+          }
+      printf("\n");
+      fflush(stdout);
+    }
+}
+
 // Launch knobs on a few shapes: every combination, the 5 fastest per shape.
 static void sweep() {
   printf("\nattention_decode sweep (stages, ctas_per_sm of the split policy, min_chunk, direct_max)\n");
@@ -1082,18 +1116,19 @@ static void sweep() {
 
 int main(int argc, char** argv) {
   uint64_t seed = 0xa77e;
-  bool do_bench = false, only_bench = false, do_sweep = false, do_cold = false, do_probe = false;
+  bool do_bench = false, only_bench = false, do_sweep = false, do_cold = false, do_probe = false, do_forms = false;
   const char* json = nullptr;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 0);
     else if (!strcmp(argv[i], "--bench")) do_bench = true;
     else if (!strcmp(argv[i], "--bench-only")) do_bench = only_bench = true;
     else if (!strcmp(argv[i], "--sweep")) do_sweep = only_bench = true;
+    else if (!strcmp(argv[i], "--forms")) do_forms = only_bench = true;
     else if (!strcmp(argv[i], "--probe")) do_probe = only_bench = true;
     else if (!strcmp(argv[i], "--cold")) do_cold = only_bench = true;
     else if (!strcmp(argv[i], "--json") && i + 1 < argc) json = argv[++i];
     else {
-      fprintf(stderr, "usage: attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--cold] [--probe] [--json FILE]\n");
+      fprintf(stderr, "usage: attn_check [--seed N] [--bench] [--bench-only] [--sweep] [--forms] [--cold] [--probe] [--json FILE]\n");
       return 2;
     }
   }
@@ -1123,6 +1158,14 @@ int main(int argc, char** argv) {
       const auto c64 = mixed(64, mid, 3);
       run_case({"64 mixed", c64, 16, 1, 32, 7, true});
       run_case({"64 mixed", c64, 16, 1, 32, 0, true});
+    }
+    // The mid batches' forms (decode_attention_splits, dec_shape): 4 splits
+    // in clusters of 4 at 3 stages (24), 2 splits of 8 warps at 3 stages (32)
+    // and at 2 (40, 48).
+    for (int n : {20, 24, 32, 40, 48}) {
+      auto c = mixed(n, all, 2);
+      c[1] = 16384;
+      run_case({fmt("%d mixed", n), c, 12, 1, 16, 0, true});
     }
     {
       auto c257 = mixed(257, shortc, 5);
@@ -1183,6 +1226,7 @@ int main(int argc, char** argv) {
   if (do_bench) bench(json);
   if (do_cold) bench_cold();
   if (do_sweep) sweep();
+  if (do_forms) forms();
   if (do_probe) probe();
   if (g_ws) cudaFree(g_ws);
   return fails ? 1 : 0;
