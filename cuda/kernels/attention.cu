@@ -308,9 +308,9 @@ static_assert(16 * kDecOStride * 4 <= 2 * 2 * kDecF8StageBytes, "warp O copy fit
 // Launch knobs (defaults; attn_check --sweep changes them through the hook at
 // the end of this file).
 struct DecTuning {
-  // Pipeline depth per warp: 2, 3 or 4 (smem 64 / 96 / 128 KB per CTA); 0: 4
-  // where the grid fits one wave of one CTA per SM, else 3 (two CTAs of 96 KB
-  // share an SM). In the decode step (rank share, 2k context, A/B on one H100,
+  // Pipeline depth per warp: 2, 3 or 4 (smem 64 / 96 / 128 KB per CTA of 4
+  // warps); 0: dec_shape's choice (4 where the grid fits one wave of one CTA
+  // per SM, with the exceptions it lists; 2 past one wave). In the decode step (rank share, 2k context, A/B on one H100,
   // 2026-11-27, ms, 3 -> 4 stages): batch 1 6.14 -> 6.05, 4 7.85 -> 7.77, 32
   // 19.45 -> 19.3, 128 26.85 -> 26.7, 16 and 64 unchanged; batch 256 (256
   // CTAs) 32.75 -> 33.05.
@@ -1287,18 +1287,26 @@ static DecShape dec_shape(const DecodeAttnArgs& a, const DeviceInfo& dd) {
   if (warps != 4 && warps != 8) warps = !f8 && one_wave && (a.max_splits <= 2 || pairs == 1) ? 8 : 4;
   if (f8) warps = 4;
   int stages = g_dec_tuning.stages;
-  // Mid batches (decode_attention_splits): 8-warp CTAs of 2 splits at 2
-  // stages where they hold more than half the SMs (batch 33-66 on 132),
-  // 4-warp CTAs of 4 splits at 3. H200, 2026-11-30, attn_check --forms, us,
-  // 1k / 2k / 4k / 8k / 16k, 3 stages -> 2: batch 48 13.55 / 18.25 / 29.43 /
-  // 55.55 / 103.55 -> 12.55 / 17.79 / 28.93 / 52.01 / 98.36, 56 14.28 / 20.15
-  // / 32.63 / 60.22 / 113.63 -> 13.38 / 19.15 / 32.09 / 59.03 / 111.75, 64
-  // 15.14 / 21.17 / 35.45 / 64.26 / 124.83 -> 14.14 / 20.46 / 35.36 / 65.05 /
-  // 125.44; batch 24 at 4 splits, 4 stages -> 3: 10.66 / 13.32 / 18.49 /
-  // 30.04 / 53.06 -> 10.12 / 12.76 / 18.33 / 29.98 / 53.52.
-  if (stages == 0 && !f8 && one_wave) {
-    if (warps == 8 && a.max_splits == 2 && 2 * pairs * 2 > dd.sms) stages = 2;
-    if (warps == 4 && a.max_splits == 4 && pairs > 16) stages = 3;
+  // 8-warp CTAs at 2 stages where they hold more than half the SMs (batch
+  // 33-132 at one KV head), 4-warp CTAs of the mid batches' 4 splits at 3,
+  // and past one wave 2 (up to three CTAs an SM). H200, 2026-11-30,
+  // attn_check --forms, us, 1k / 2k / 4k / 8k / 16k, the stages before ->
+  // these: batch 48 (3 -> 2) 13.55 / 18.25 / 29.43 / 55.55 / 103.55 -> 12.55
+  // / 17.79 / 28.93 / 52.01 / 98.36, 64 15.14 / 21.17 / 35.45 / 64.26 / 124.83
+  // -> 14.14 / 20.46 / 35.36 / 65.05 / 125.44, 96 16.93 / 28.84 / 54.87 /
+  // 105.51 / 208.89 -> 16.47 / 27.94 / 51.08 / 97.49 / 188.91, 128 19.87 /
+  // 34.53 / 63.79 / 124.88 / 243.22 -> 19.55 / 34.41 / 64.30 / 123.68 /
+  // 242.28; batch 24 at 4 splits (4 -> 3) 10.66 / 13.32 / 18.49 / 30.04 /
+  // 53.06 -> 10.12 / 12.76 / 18.33 / 29.98 / 53.52; past one wave (3 -> 2)
+  // batch 160 25.60 / 45.90 / 91.31 / 174.99 / 345.48 -> 25.47 / 45.40 /
+  // 86.67 / 165.46 / 323.92, 192 28.74 / 52.97 / 101.93 / 196.43 / 391.02 ->
+  // 27.99 / 51.36 / 97.54 / 189.69 / 371.09, 256 35.22 / 64.28 / 124.93 /
+  // 244.14 / 479.83 -> 34.54 / 64.44 / 124.27 / 242.42 / 481.02.
+  if (stages == 0 && !f8) {
+    const int64_t ctas = (int64_t)a.max_splits * pairs;
+    if (!one_wave) stages = 2;
+    else if (warps == 8 && pairs > 1 && 2 * ctas > dd.sms) stages = 2;
+    else if (warps == 4 && a.max_splits == 4 && pairs > 16) stages = 3;
   }
   // The FP8 cache's stages hold half the bytes, and it runs twice the stages
   // of the depth: 3 (6 of 4 KB a warp) where the grid fits one wave, else 2
