@@ -1035,13 +1035,25 @@ static void probe() {
   }
 }
 
-// --forms: at 16-64 sequences, the policy's launch against every cluster
-// form (2, 4 or 8 splits a sequence, 2-4 stages, 4 or 8 warps) forced, µs.
+// --forms: at 16-64 sequences (ATTN_FORMS_BATCHES="..." for others), the
+// policy's launch against every form (1 split, or a cluster of 2, 4 or 8;
+// 2-4 stages; 4 or 8 warps) forced, µs.
 static void forms() {
-  printf("\nattention_decode forms at 16-64 sequences: policy (splits) | sp/st[w8]: a cluster of sp splits at st stages, 4 warps (w8: 8)\n");
+  printf("\nattention_decode forms: policy (splits) | sp/st[w8]: sp splits (a cluster past 1) at st stages, 4 warps (w8: 8)\n");
   DecodeAttnTuning def;
   decode_attention_get_tuning(&def);
-  for (int B : {16, 24, 32, 40, 48, 56, 64})
+  std::vector<int> batches = {16, 24, 32, 40, 48, 56, 64};
+  if (const char* e = getenv("ATTN_FORMS_BATCHES")) {  // e.g. "80 128"
+    batches.clear();
+    for (const char* p = e; *p;) {
+      char* end = nullptr;
+      const long v = strtol(p, &end, 10);
+      if (end == p) break;
+      if (v > 0 && v <= 1024) batches.push_back((int)v);
+      p = end;
+    }
+  }
+  for (int B : batches)
     for (int C : {1024, 2048, 4096, 8192, 16384}) {
       const double bytes = (double)B * C * 2 * 128 * 2;
       BenchSetup S(B, C, copies_for(bytes));
@@ -1050,16 +1062,16 @@ static void forms() {
       CK(cudaMemset(ws.p, 0, ws.n));
       printf("b%d_c%d policy %.2f (%d)", B, C, time_decode(S, splits, ws.p, 30), splits);
       for (int w : {4, 8})
-        for (int sp : {2, 4, 8})
+        for (int sp : {1, 2, 4, 8})
           for (int st : {2, 3, 4}) {
             if (w == 8 && st == 4) continue;
             DecodeAttnTuning t = def;
-            t.cluster = 2;
+            t.cluster = sp > 1 ? 2 : 0;
             t.stages = st;
             t.warps = w;
             decode_attention_set_tuning(&t);
             DecodeAttnArgs probe = bench_args(S, sp, ws.p, 0);
-            if (decode_attention_cluster_capacity(probe) >= B)
+            if (sp == 1 || decode_attention_cluster_capacity(probe) >= B)
               printf(" | %d/%d%s %.2f", sp, st, w == 8 ? "w8" : "", time_decode(S, sp, ws.p, 30));
             decode_attention_set_tuning(&def);
           }
