@@ -310,7 +310,8 @@ static_assert(16 * kDecOStride * 4 <= 2 * 2 * kDecF8StageBytes, "warp O copy fit
 struct DecTuning {
   // Pipeline depth per warp: 2, 3 or 4 (smem 64 / 96 / 128 KB per CTA of 4
   // warps); 0: dec_shape's choice (4 where the grid fits one wave of one CTA
-  // per SM, with the exceptions it lists; 2 past one wave). In the decode step (rank share, 2k context, A/B on one H100,
+  // per SM, with the exceptions it lists; 2 past one wave). In the decode
+  // step (rank share, 2k context, A/B on one H100,
   // 2026-11-27, ms, 3 -> 4 stages): batch 1 6.14 -> 6.05, 4 7.85 -> 7.77, 32
   // 19.45 -> 19.3, 128 26.85 -> 26.7, 16 and 64 unchanged; batch 256 (256
   // CTAs) 32.75 -> 33.05.

@@ -21,8 +21,9 @@
 // µs per call, KV bytes, TB/s and % of 4.46 TB/s; the old path (attention_paged
 // + attention_merge) on a few shapes. --json FILE writes the bench rows.
 // --sweep: launch knobs (stages, split policy, min chunk, direct merge) on a
-// few shapes, fastest first. --forms: at 16-64 sequences the policy's launch
-// against each cluster form (2, 4, 8 splits; 2-4 stages; 4 or 8 warps) forced.
+// few shapes, fastest first. --forms: at 16-64 sequences (ATTN_FORMS_BATCHES
+// for others) the policy's launch against each form (1 split, or a cluster of
+// 2, 4 or 8; 2-4 stages; 4 or 8 warps) forced.
 #include <atomic>
 #include <numeric>
 #include <thread>
