@@ -192,13 +192,7 @@ func argmax(x []float32) int {
 // an FP8 activation across a rounding step).
 
 func TestBatchedDecodeMatchesAlone(t *testing.T) {
-	lib, err := LibraryPath(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := DeviceCount(lib); err != nil || n == 0 {
-		t.Skipf("no CUDA device: %d, %v", n, err)
-	}
+	lib := gpuLibrary(t, 1)
 	ctx := context.Background()
 	spec := synth.Spec{Base: "glm-4.7", Rank: 0, Ranks: 8, Layers: 2, DenseLayers: 1, Seed: 1}
 	const maxN, promptLen = 200, 3
@@ -273,13 +267,7 @@ func TestBatchedDecodeMatchesAlone(t *testing.T) {
 // dense MLP with a group index of -1 and the 480-row prefill step failed in
 // cuBLASLt. Skipped on machines with fewer than two GPUs.
 func TestTensorParallelManyRows(t *testing.T) {
-	lib, err := LibraryPath(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := DeviceCount(lib); err != nil || n < 2 {
-		t.Skipf("needs 2 CUDA devices: %d, %v", n, err)
-	}
+	lib := gpuLibrary(t, 2)
 	ctx := context.Background()
 	spec := synth.Spec{Base: "glm-4.7", Rank: 0, Ranks: 4, Layers: 2, DenseLayers: 1, Seed: 3}
 	const maxN, promptLen, every = 160, 3, 7
@@ -368,13 +356,7 @@ func TestTensorParallelManyRows(t *testing.T) {
 // common to both batches must have the same logits in the two classes (the
 // two attention forms sum in the same order).
 func TestDecodeGraphsPerContextClass(t *testing.T) {
-	lib, err := LibraryPath(Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, err := DeviceCount(lib); err != nil || n == 0 {
-		t.Skipf("no CUDA device: %d, %v", n, err)
-	}
+	lib := gpuLibrary(t, 1)
 	ctx := context.Background()
 	spec := synth.Spec{Base: "glm-4.7", Rank: 0, Ranks: 8, Layers: 2, DenseLayers: 1, Seed: 1}
 	const n, shortLen, longLen, bs = 12, 40, 10300, 16
@@ -462,4 +444,18 @@ func TestDecodeGraphsPerContextClass(t *testing.T) {
 			t.Errorf("sequence %d: logits rel L2 %.3g between the two context classes' steps", k, e)
 		}
 	}
+}
+
+// gpuLibrary returns the runtime library the GPU tests load, skipping the
+// test where fewer than `devices` CUDA devices are present.
+func gpuLibrary(t *testing.T, devices int) string {
+	t.Helper()
+	lib, err := LibraryPath(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, err := DeviceCount(lib); err != nil || n < devices {
+		t.Skipf("needs %d CUDA device(s): %d, %v", devices, n, err)
+	}
+	return lib
 }
