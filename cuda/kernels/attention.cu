@@ -917,7 +917,10 @@ __global__ void __launch_bounds__(W * 32) decode_attn_kernel(DecodeAttnArgs a, D
     asm volatile("cp.async.commit_group;" ::: "memory");
   }
   if constexpr (W == 8) load_q();
-  if (warp == 0 && qa[7][3] == 0x7fffffffu) dec_stamp(7);  // (never true) the probe's stamp 3 after q lands
+#if GLMK_DEC_PROBE
+  // (Never true.) A use of q, so that the probe's stamp 3 follows q's loads.
+  if (warp == 0 && qa[7][3] == 0x7fffffffu) dec_stamp(7);
+#endif
   dec_stamp(3);
   int rb = 0, wb = NS - 1;
   for (int j = 0; j < nt; ++j) {
